@@ -1,0 +1,3 @@
+from xmem_engine.cli import main
+
+raise SystemExit(main())

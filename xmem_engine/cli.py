@@ -1,0 +1,178 @@
+"""The ``xmem`` command line: one subcommand per job, all over the same engine.
+
+Exit codes: 0 success (or "fits"), 1 the user's code failed, 2 usage or input errors,
+3 "does not fit" / a conformance check that did not match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXIT_OK, EXIT_USER_CODE, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+
+
+class InputError(Exception):
+    """Bad input from the user (a file, a flag, a config string): exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="xmem", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in _SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as e:
+        print(f"xmem {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _alloc_conf(text: str | None):
+    from xmem_engine.alloc_conf import AllocConfError, parse_alloc_conf
+
+    if text is None:
+        return None
+    try:
+        return parse_alloc_conf(text)
+    except AllocConfError as e:
+        raise InputError(str(e)) from None
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False))
+
+
+# --------------------------------------------------------------------------- replay
+def _add_replay(sub) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay a recorded torch.cuda memory snapshot through the allocator simulator",
+        description="Replay the requests of a snapshot recorded with torch.cuda.memory._record_memory_history "
+        "and _dump_snapshot. --check compares every decision with the real allocator's; --alloc-conf "
+        "re-simulates the same requests under other allocator settings.",
+    )
+    p.add_argument("snapshot", help="a .pickle written by torch.cuda.memory._dump_snapshot()")
+    p.add_argument("--check", action="store_true",
+                   help="compare block addresses, cudaMalloc calls and the final layout; exit 3 on any mismatch")
+    p.add_argument("--alloc-conf", metavar="STR",
+                   help='PYTORCH_CUDA_ALLOC_CONF to re-simulate with, e.g. "expandable_segments:True"')
+    p.add_argument("--snapshot-out", metavar="FILE", help="write the simulated run as a snapshot pickle")
+    p.set_defaults(func=_cmd_replay)
+
+
+def _cmd_replay(args) -> int:
+    from xmem_engine.replay import replay_snapshot
+    from xmem_engine.snapshot import SnapshotFormatError, UnsafeSnapshotError, load_snapshot
+
+    try:
+        snap = load_snapshot(args.snapshot)
+    except (FileNotFoundError, SnapshotFormatError, UnsafeSnapshotError) as e:
+        raise InputError(str(e)) from None
+    cfg = _alloc_conf(args.alloc_conf)
+    recorded = replay_snapshot(snap, check=args.check or cfg is None)
+    out = recorded.to_json()
+    out["snapshot"] = args.snapshot
+    if cfg is not None:
+        other = replay_snapshot(snap, config=cfg, check=False)
+        out["what_if"] = {
+            "alloc_conf": cfg.source,
+            "peak_allocated_bytes": other.peak_allocated_bytes,
+            "peak_reserved_bytes": other.peak_reserved_bytes,
+            "reserved_saved_bytes": recorded.peak_reserved_bytes - other.peak_reserved_bytes,
+        }
+    if args.snapshot_out:
+        from xmem_engine.replay import simulated_snapshot
+        from xmem_engine.snapshot import dump_snapshot
+
+        dump_snapshot(simulated_snapshot(snap, cfg), args.snapshot_out)
+    _print_json(out)
+    if args.check and not recorded.ok:
+        return EXIT_MISMATCH
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- simulate
+def _add_simulate(sub) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="run a trace (JSON lines from `xmem trace --events`) through the allocator simulator",
+    )
+    p.add_argument("events", help="trace file: one JSON event a line")
+    p.add_argument("--alloc-conf", metavar="STR", help="PYTORCH_CUDA_ALLOC_CONF string")
+    p.add_argument("--capacity", metavar="BYTES", type=_bytes_arg,
+                   help="device memory the allocator may reserve (e.g. 40GiB, 8e9); unlimited by default")
+    p.add_argument("--snapshot", metavar="FILE",
+                   help="write the simulated run as a snapshot pickle for torch.cuda._memory_viz")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _bytes_arg(text: str) -> int:
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "b": 1}
+    t = text.strip().lower().replace("_", "")
+    for u, mult in units.items():
+        if t.endswith(u):
+            num = t[: -len(u)]
+            break
+    else:
+        num, mult = t, 1
+    try:
+        value = float(num) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (try 40GiB or 8e9)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"byte count must be positive: {text!r}")
+    return int(value)
+
+
+def _cmd_simulate(args) -> int:
+    from xmem_engine.simulate import simulate
+    from xmem_engine.snapshot import dump_snapshot, make_snapshot
+    from xmem_engine.trace import Trace
+    from xmem_engine.allocator import CachingAllocator
+
+    try:
+        trace = Trace.read_jsonl(args.events)
+    except FileNotFoundError:
+        raise InputError(f"no such trace file: {args.events}") from None
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    cfg = _alloc_conf(args.alloc_conf)
+    history: list | None = [] if args.snapshot else None
+    alloc = CachingAllocator(cfg, capacity=args.capacity, history=history)
+    try:
+        res = simulate(trace, allocator=alloc)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    if args.snapshot:
+        dump_snapshot(make_snapshot(alloc), args.snapshot)
+    summary = {
+        "events": len(trace),
+        "peak_allocated_bytes": res.peak_allocated_bytes,
+        "peak_reserved_bytes": res.peak_reserved_bytes,
+        "device_mallocs": res.device_mallocs,
+        "oom": res.oom,
+        "oom_event": res.oom_event,
+        "breakdown": res.breakdown,
+        "seconds": round(res.seconds, 4),
+    }
+    if args.json:
+        _print_json(summary)
+    else:
+        gib = 1 << 30
+        print(f"{len(trace):,} events: peak allocated {res.peak_allocated_bytes / gib:.3f} GiB, "
+              f"peak reserved {res.peak_reserved_bytes / gib:.3f} GiB, {res.device_mallocs} cudaMalloc calls"
+              + (f"; OUT OF MEMORY at event {res.oom_event}" if res.oom else ""))
+    return EXIT_MISMATCH if res.oom else EXIT_OK
+
+
+_SUBCOMMANDS: list = [_add_replay, _add_simulate]

@@ -1,0 +1,132 @@
+"""The trace: the ordered GPU memory requests a piece of code would make.
+
+This is the hand-off between the tracer (which runs user code on the CPU) and the
+allocator simulator (which replays the requests through PyTorch's caching-allocator
+rules). It is deliberately plain data: a list of :class:`TraceEvent` plus a little
+metadata, serialisable to JSON lines (one event a line) so that other tools can read it.
+
+Event kinds
+-----------
+``alloc``          a storage of ``bytes`` bytes is requested on ``stream`` (``id`` names it).
+``free``           the storage ``id`` is released (the moment its last reference dies).
+``record_stream``  storage ``id`` was used on ``streams`` (its free is deferred until those
+                   streams catch up, so it returns to the pool later).
+``iteration``      marker: a training iteration starts (``iteration`` holds its index).
+``phase``          marker: the phase changes (``phase`` holds forward/backward/optimizer/other).
+``empty_cache``    marker: the code called ``torch.cuda.empty_cache()``.
+``reset_peak``     marker: the code called ``torch.cuda.reset_peak_memory_stats()``.
+
+Allocation categories
+---------------------
+``parameter``, ``buffer``, ``gradient``, ``optimizer_state``, ``activation`` (saved for
+backward), ``temporary``, ``input`` (data moved to the GPU), ``workspace`` (library
+scratch such as the cuBLAS workspace), ``other``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Iterable, Iterator
+
+ALLOC = "alloc"
+FREE = "free"
+RECORD_STREAM = "record_stream"
+ITERATION = "iteration"
+PHASE = "phase"
+EMPTY_CACHE = "empty_cache"
+RESET_PEAK = "reset_peak"
+
+EVENT_KINDS = (ALLOC, FREE, RECORD_STREAM, ITERATION, PHASE, EMPTY_CACHE, RESET_PEAK)
+MARKER_KINDS = (ITERATION, PHASE, EMPTY_CACHE, RESET_PEAK)
+
+CATEGORIES = (
+    "parameter",
+    "buffer",
+    "gradient",
+    "optimizer_state",
+    "activation",
+    "temporary",
+    "input",
+    "workspace",
+    "other",
+)
+PHASES = ("forward", "backward", "optimizer", "other")
+
+
+@dataclass(slots=True)
+class TraceEvent:
+    """One event of a trace. Fields that do not apply to a kind keep their defaults."""
+
+    kind: str
+    id: int = -1  # storage id, shared by an alloc and its free
+    bytes: int = 0  # requested bytes (before the allocator rounds them)
+    stream: int = 0
+    category: str = ""
+    op: str = ""  # aten op that created the storage, e.g. "aten.mm.default"
+    module: str = ""  # module path, e.g. "encoder.layers.3.attn"
+    phase: str = ""
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    source: str = ""  # user source "file:line"
+    iteration: int = -1
+    streams: tuple[int, ...] = ()  # record_stream: the streams the storage was used on
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        d["streams"] = list(self.streams)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TraceEvent":
+        if d.get("kind") not in EVENT_KINDS:
+            raise ValueError(f"unknown trace event kind {d.get('kind')!r}; expected one of {EVENT_KINDS}")
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        known["shape"] = tuple(known.get("shape", ()))
+        known["streams"] = tuple(known.get("streams", ()))
+        return cls(**known)
+
+
+@dataclass
+class Trace:
+    """A whole trace: events in program order plus how it was made."""
+
+    events: list[TraceEvent] = field(default_factory=list)
+    mode: str = ""  # "fake" or "real"
+    seconds: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __iter__(self) -> Iterator[TraceEvent]:
+        return iter(self.events)
+
+    def write_jsonl(self, path: str | Path | IO[str]) -> None:
+        """Write one JSON object a line (the format of ``xmem trace --events``)."""
+        if hasattr(path, "write"):
+            _write_events(path, self.events)  # type: ignore[arg-type]
+            return
+        with open(path, "w", encoding="utf-8") as f:
+            _write_events(f, self.events)
+
+    @classmethod
+    def read_jsonl(cls, path: str | Path) -> "Trace":
+        events = []
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    events.append(TraceEvent.from_json(json.loads(line)))
+                except (ValueError, TypeError) as e:
+                    raise ValueError(f"{path}:{lineno}: not a trace event: {e}") from None
+        return cls(events=events)
+
+
+def _write_events(f: IO[str], events: Iterable[TraceEvent]) -> None:
+    for e in events:
+        f.write(json.dumps(e.to_json(), separators=(",", ":")))
+        f.write("\n")
