@@ -175,4 +175,37 @@ def _cmd_simulate(args) -> int:
     return EXIT_MISMATCH if res.oom else EXIT_OK
 
 
-_SUBCOMMANDS: list = [_add_replay, _add_simulate]
+# --------------------------------------------------------------------------- gpus
+def _add_gpus(sub) -> None:
+    p = sub.add_parser("gpus", help="list the GPUs xmem knows (add yours in a TOML file: see --help)",
+                       description="List the GPU catalog. Add or correct GPUs in a TOML file named by "
+                       "--file, $XMEM_GPUS_FILE or ~/.config/xmem/gpus.toml (same layout as the packaged "
+                       "xmem_engine/data/gpus.toml).")
+    p.add_argument("--file", metavar="TOML", help="a TOML file of extra or corrected GPUs")
+    p.add_argument("--json", action="store_true", help="print the catalog as JSON, with sources")
+    p.set_defaults(func=_cmd_gpus)
+
+
+def _cmd_gpus(args) -> int:
+    from dataclasses import asdict
+
+    from xmem_engine.gpus import GPUCatalogError, load_catalog
+
+    try:
+        catalog = load_catalog(args.file)
+    except (GPUCatalogError, OSError) as e:
+        raise InputError(str(e)) from None
+    if args.json:
+        _print_json({k: asdict(g) for k, g in catalog.items()})
+        return EXIT_OK
+    rows = [("GPU", "name (nvidia-smi)", "usable GiB", "compute", "context MiB")]
+    for key, g in sorted(catalog.items(), key=lambda kv: kv[1].total_memory_bytes):
+        cc = ".".join(map(str, g.compute_capability))
+        rows.append((key, g.name, f"{g.total_memory_bytes / (1 << 30):.2f}", cc, f"{g.context_bytes >> 20}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return EXIT_OK
+
+
+_SUBCOMMANDS: list = [_add_replay, _add_simulate, _add_gpus]
