@@ -99,3 +99,16 @@ def test_simulate_trace_file(tmp_path, capsys):
 def test_console_script_entry_point():
     proc = subprocess.run([sys.executable, "-m", "xmem_engine", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "replay" in proc.stdout
+
+
+def test_gpus_lists_the_catalog_and_rejects_a_bad_file(tmp_path, capsys):
+    code, out, _ = run(capsys, "gpus")
+    assert code == 0
+    assert "A100-SXM4-40GB" in out and "NVIDIA GeForce RTX 3060" in out
+    code, out, _ = run(capsys, "gpus", "--json")
+    data = json.loads(out)
+    assert data["H100-SXM-80GB"]["cublas_workspace_bytes"] == 32 * MiB
+    bad = tmp_path / "gpus.toml"
+    bad.write_text('[gpus."X"]\nname = "X"\ntotal_memory_bytes = "lots"\n')
+    code, _, err = run(capsys, "gpus", "--file", str(bad))
+    assert code == 2 and "total_memory_bytes" in err
