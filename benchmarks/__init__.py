@@ -1,0 +1,1 @@
+"""Benchmarks and GPU ground-truth recording for xmem (not part of the installed package)."""
