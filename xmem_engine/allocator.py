@@ -592,78 +592,40 @@ class CachingAllocator:
         )
 
     # ------------------------------------------------------------------ free
-    def free(self, block: Block) -> None:
-        """Free a block handed out by :meth:`malloc`."""
-        if not block.allocated:
-            raise ValueError(f"{block!r} is not allocated (double free?)")
-        block.allocated = False
-        pt = block.pool.pt
-        size = block.size
-        cur, freed = self.cur, self.freed
-        cur[0] -= 1
-        cur[pt] -= 1
-        freed[0] += 1
-        freed[pt] += 1
-        i = _AB + pt
-        cur[_AB] -= size
-        cur[i] -= size
-        freed[_AB] += size
-        freed[i] += size
-        if self.history is not None:
-            self._record("free_requested", block.addr, block.requested, block.stream)
-        if size >= self._max_split:
-            self.oversize_allocations[0] -= 1
-        if block.stream_uses:
-            if self._active_mirrored:
-                self._unmirror_active(block)
-            block.pending = True
-            block.stream_uses = None
-            self.pending_frees.append(block)
-        else:
-            self.free_block(block)
+    def free(self, block: Block, _completing: bool = False) -> None:
+        """Free a block handed out by :meth:`malloc` (``free`` then ``free_block`` in C++).
 
-    def _unmirror_active(self, block: Block) -> None:
-        """Active stats equal allocation stats until a free is first deferred; split them."""
-        self._active_mirrored = False
-        for src, dst in ((ALLOCATION, ACTIVE), (ALLOCATED_BYTES, ACTIVE_BYTES)):
-            for t in range(3):
-                for arr in (self.cur, self.peak, self.freed, self.base):
-                    arr[dst * 3 + t] = arr[src * 3 + t]
-        pt = 1 if block.pool.is_small else 2
-        # The block being deferred is still active: undo its share of the decrease.
-        for stat, amount in ((ACTIVE, 1), (ACTIVE_BYTES, block.size)):
-            for i in (stat * 3, stat * 3 + pt):
-                self.cur[i] += amount
-                self.freed[i] -= amount
-
-    def record_stream(self, block: Block, stream: int) -> None:
-        """``Tensor.record_stream``: the block was used on ``stream`` too."""
-        if stream == block.stream:
-            return
-        if block.stream_uses is None:
-            block.stream_uses = set()
-        block.stream_uses.add(stream)
-
-    def process_events(self, all_complete: bool = False) -> None:
-        """Return deferred frees whose streams caught up.
-
-        The simulator has no clock, so other streams' events complete at a synchronisation
-        (``synchronize``, ``empty_cache``); until then the block stays out of its pool, as
-        it does on a GPU whose streams are still busy. ``all_complete`` completes them all.
+        Allocated bytes drop at once; a block used on other streams then waits for them
+        (see :meth:`process_events`), any other block goes back to its pool, merged with
+        free neighbours. ``_completing`` is the second half for a deferred block.
         """
-        if not all_complete:
-            return
-        pending, self.pending_frees = self.pending_frees, []
-        for block in pending:
-            block.pending = False
-            self.free_block(block)
-
-    def synchronize(self) -> None:
-        """``torch.cuda.synchronize``: every stream's pending events complete."""
-        self.process_events(all_complete=True)
-
-    def free_block(self, block: Block) -> None:
-        """Return a freed block to its pool, merging it with free neighbours."""
+        if not _completing:
+            if not block.allocated:
+                raise ValueError(f"{block!r} is not allocated (double free?)")
+            block.allocated = False
+            pt = block.pool.pt
+            size = block.size
+            cur, freed = self.cur, self.freed
+            cur[0] -= 1
+            cur[pt] -= 1
+            freed[0] += 1
+            freed[pt] += 1
+            i = _AB + pt
+            cur[_AB] -= size
+            cur[i] -= size
+            freed[_AB] += size
+            freed[i] += size
+            if self.history is not None:
+                self._record("free_requested", block.addr, block.requested, block.stream)
+            if size >= self._max_split:
+                self.oversize_allocations[0] -= 1
+            if block.stream_uses:
+                if self._active_mirrored:
+                    self._unmirror_active(block)
+                block.pending = True
+                block.stream_uses = None
+                self.pending_frees.append(block)
+                return
         if self.history is not None:
             self._record("free_completed", block.addr, block.requested, block.stream)
         pool = block.pool
@@ -758,6 +720,46 @@ class CachingAllocator:
         if not self._active_mirrored:
             self._decrease(ACTIVE, pt, 1)
             self._decrease(ACTIVE_BYTES, pt, original_size)
+
+    def _unmirror_active(self, block: Block) -> None:
+        """Active stats equal allocation stats until a free is first deferred; split them."""
+        self._active_mirrored = False
+        for src, dst in ((ALLOCATION, ACTIVE), (ALLOCATED_BYTES, ACTIVE_BYTES)):
+            for t in range(3):
+                for arr in (self.cur, self.peak, self.freed, self.base):
+                    arr[dst * 3 + t] = arr[src * 3 + t]
+        pt = 1 if block.pool.is_small else 2
+        # The block being deferred is still active: undo its share of the decrease.
+        for stat, amount in ((ACTIVE, 1), (ACTIVE_BYTES, block.size)):
+            for i in (stat * 3, stat * 3 + pt):
+                self.cur[i] += amount
+                self.freed[i] -= amount
+
+    def record_stream(self, block: Block, stream: int) -> None:
+        """``Tensor.record_stream``: the block was used on ``stream`` too."""
+        if stream == block.stream:
+            return
+        if block.stream_uses is None:
+            block.stream_uses = set()
+        block.stream_uses.add(stream)
+
+    def process_events(self, all_complete: bool = False) -> None:
+        """Return deferred frees whose streams caught up.
+
+        The simulator has no clock, so other streams' events complete at a synchronisation
+        (``synchronize``, ``empty_cache``); until then the block stays out of its pool, as
+        it does on a GPU whose streams are still busy. ``all_complete`` completes them all.
+        """
+        if not all_complete:
+            return
+        pending, self.pending_frees = self.pending_frees, []
+        for block in pending:
+            block.pending = False
+            self.free(block, _completing=True)
+
+    def synchronize(self) -> None:
+        """``torch.cuda.synchronize``: every stream's pending events complete."""
+        self.process_events(all_complete=True)
 
     def _merge(self, dst: Block, src: Block, pool: BlockPool) -> int:
         """``try_merge_blocks`` after its checks: ``dst`` absorbs its free neighbour ``src``."""
