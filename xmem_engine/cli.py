@@ -7,6 +7,7 @@ Exit codes: 0 success (or "fits"), 1 the user's code failed, 2 usage or input er
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -175,6 +176,168 @@ def _cmd_simulate(args) -> int:
     return EXIT_MISMATCH if res.oom else EXIT_OK
 
 
+# --------------------------------------------------------------------------- trace
+def _add_trace(sub) -> None:
+    p = sub.add_parser(
+        "trace",
+        help="run a CUDA training script on the CPU and write the GPU memory requests it would make",
+        description="Run SCRIPT, written for the cuda device, on the CPU under a virtual GPU and write its "
+        "trace (allocations, frees, phase / iteration markers) as JSON lines. --mode fake uses fake "
+        "tensors (no arithmetic, little memory), real runs real CPU tensors (for data-dependent code), "
+        "auto tries fake and falls back to real.",
+    )
+    p.add_argument("script", help="a training script written for CUDA")
+    p.add_argument("--mode", choices=["auto", "fake", "real"], default="auto")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="VAR=VALUE",
+                   help="override a top-level assignment of the script, e.g. --set batch_size=64 (repeatable)")
+    p.add_argument("--events", required=True, metavar="FILE", help="where to write the trace (JSON lines)")
+    p.add_argument("--max-iterations", type=int, metavar="N",
+                   help="stop the script when training iteration N+1 would start (default: run it all)")
+    p.set_defaults(func=_cmd_trace)
+
+
+def _cmd_trace(args) -> int:
+    import os
+
+    from xmem_engine.script import OverrideError, parse_overrides, trace_script
+    from xmem_engine.tracer import UnsupportedOpError, user_traceback_lines
+
+    if not os.path.isfile(args.script):
+        raise InputError(f"no such script: {args.script}")
+    if args.max_iterations is not None and args.max_iterations < 1:
+        raise InputError(f"--max-iterations must be at least 1, not {args.max_iterations}")
+    try:
+        tr = trace_script(args.script, mode=args.mode, overrides=parse_overrides(args.overrides),
+                          max_iterations=args.max_iterations)
+    except OverrideError as e:
+        raise InputError(str(e)) from None
+    except UnsupportedOpError as e:
+        print(f"xmem trace: {e}", file=sys.stderr)
+        return EXIT_USER_CODE
+    except SyntaxError as e:
+        print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
+        return EXIT_USER_CODE
+    except Exception as e:  # the user's code failed: show its traceback, not ours
+        print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
+        print(f"xmem trace: {args.script} raised {type(e).__name__} (mode {args.mode})", file=sys.stderr)
+        return EXIT_USER_CODE
+    except SystemExit as e:
+        print(f"xmem trace: {args.script} exited with status {e.code}", file=sys.stderr)
+        return EXIT_USER_CODE
+    try:
+        tr.write_jsonl(args.events)
+    except OSError as e:
+        raise InputError(f"cannot write {args.events}: {e}") from None
+    allocs = sum(1 for e in tr.events if e.kind == "alloc")
+    frees = sum(1 for e in tr.events if e.kind == "free")
+    note = f" ({tr.meta['fallback']})" if tr.meta.get("fallback") else ""
+    print(f"xmem trace: {len(tr.events):,} events ({allocs:,} allocs, {frees:,} frees), mode {tr.mode}{note}, "
+          f"{tr.seconds:.2f} s -> {args.events}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- estimate
+def _add_estimate(sub) -> None:
+    p = sub.add_parser(
+        "estimate",
+        help="estimate the GPU memory a CUDA training script needs on a named GPU",
+        description="Run SCRIPT (written for CUDA) on the CPU, replay its GPU memory requests through "
+        "the caching allocator of the named GPU, and say whether it fits. Exit codes: 0 fits, "
+        "3 does not fit, 1 the script failed, 2 bad input.",
+    )
+    p.add_argument("script", help="a training script written for CUDA")
+    p.add_argument("--gpu", default=None, help="target GPU (see `xmem gpus`); default: $XMEM_GPU or A100-SXM4-40GB")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="VAR=VALUE",
+                   help="override a top-level assignment of the script, e.g. --set batch_size=64 (repeatable)")
+    p.add_argument("--mode", choices=["auto", "fake", "real"], default="auto")
+    p.add_argument("--alloc-conf", metavar="STR", help="PYTORCH_CUDA_ALLOC_CONF for the GPU run")
+    p.add_argument("--iterations", type=int, metavar="N",
+                   help="trace only the first N training iterations (the peak is usually reached by the 2nd)")
+    p.add_argument("--torch", dest="torch_version", metavar="VERSION",
+                   help="estimate for this PyTorch version's CUDA behaviour (default: the installed one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--events", metavar="FILE", help="also write the trace (as `xmem trace --events`)")
+    p.add_argument("--snapshot", metavar="FILE",
+                   help="write the simulated run as a torch.cuda.memory._snapshot() pickle for _memory_viz")
+    p.add_argument("--max-batch", metavar="VAR",
+                   help="print the largest value of the script's top-level VAR that fits on the GPU")
+    p.set_defaults(func=_cmd_estimate)
+
+
+def _cmd_estimate(args) -> int:
+    import os
+
+    from xmem_engine.alloc_conf import AllocConfError
+    from xmem_engine.estimate import DEFAULT_GPU, estimate_script, max_batch, resolve_gpu
+    from xmem_engine.gpus import GPUCatalogError, UnknownGPUError
+    from xmem_engine.script import OverrideError, parse_overrides
+    from xmem_engine.tracer import UnsupportedOpError, user_traceback_lines
+
+    if not os.path.isfile(args.script):
+        raise InputError(f"no such script: {args.script}")
+    try:
+        gpu = resolve_gpu(args.gpu or os.environ.get("XMEM_GPU") or DEFAULT_GPU)
+        overrides = parse_overrides(args.overrides)
+        _alloc_conf(args.alloc_conf)
+    except (UnknownGPUError, GPUCatalogError, OverrideError) as e:
+        raise InputError(str(e)) from None
+    if args.iterations is not None and args.iterations < 1:
+        raise InputError("--iterations must be at least 1")
+
+    def run(ov: dict[str, str]):
+        return estimate_script(args.script, gpu, overrides=ov, mode=args.mode, alloc_conf=args.alloc_conf,
+                               torch_version=args.torch_version, iterations=args.iterations)
+
+    # With --json, stdout carries one JSON object: the script's own prints go to stderr.
+    quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    best = 0
+    try:
+        with quiet:
+            if args.max_batch:
+                from xmem_engine.script import top_level_value
+
+                start = top_level_value(args.script, args.max_batch)
+                if not isinstance(start, int) or isinstance(start, bool):
+                    raise InputError(f"--max-batch {args.max_batch}: the script assigns it {start!r}, "
+                                     "not an integer")
+                best, est = max_batch(lambda v: run({**overrides, args.max_batch: str(v)}), start=start)
+            else:
+                est = run(overrides)
+    except (OverrideError, AllocConfError) as e:
+        raise InputError(str(e)) from None
+    except UnsupportedOpError as e:
+        print(f"xmem estimate: {e}", file=sys.stderr)
+        return EXIT_USER_CODE
+    except InputError:
+        raise
+    except Exception as e:  # the user's script failed: show its traceback, not ours
+        print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
+        print(f"xmem estimate: {args.script} raised {type(e).__name__} (mode {args.mode})", file=sys.stderr)
+        return EXIT_USER_CODE
+
+    if args.events and est.trace is not None:
+        est.trace.write_jsonl(args.events)
+    if args.snapshot:
+        from xmem_engine.estimate import simulated_snapshot
+        from xmem_engine.snapshot import dump_snapshot
+
+        dump_snapshot(simulated_snapshot(est), args.snapshot)
+    if args.max_batch:
+        out = {"variable": args.max_batch, "max_value": best, "gpu": gpu.key, **(est.to_json() if est else {})}
+        if args.json:
+            _print_json(out)
+        else:
+            print(f"largest {args.max_batch} that fits on {gpu.name}: {best}")
+            if est is not None and best:
+                print(est.summary())
+        return EXIT_OK if best > 0 else EXIT_MISMATCH
+    if args.json:
+        _print_json(est.to_json())
+    else:
+        print(est.summary())
+    return EXIT_OK if est.fits else EXIT_MISMATCH
+
+
 # --------------------------------------------------------------------------- gpus
 def _add_gpus(sub) -> None:
     p = sub.add_parser("gpus", help="list the GPUs xmem knows (add yours in a TOML file: see --help)",
@@ -208,4 +371,4 @@ def _cmd_gpus(args) -> int:
     return EXIT_OK
 
 
-_SUBCOMMANDS: list = [_add_replay, _add_simulate, _add_gpus]
+_SUBCOMMANDS: list = [_add_estimate, _add_trace, _add_replay, _add_simulate, _add_gpus]

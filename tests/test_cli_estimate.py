@@ -1,0 +1,89 @@
+"""`xmem estimate`: the command a scheduler or a user at a terminal runs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from xmem_engine.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = str(REPO / "examples" / "train_cnn.py")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_estimate_json_fields_and_exit_code(capsys):
+    code, out, _ = run(capsys, "estimate", EXAMPLE, "--gpu", "A100-40GB", "--iterations", "2", "--json",
+                       "--set", "batch_size=8")
+    assert code == 0
+    res = json.loads(out)
+    for key in ("gpu", "capacity_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "context_bytes",
+                "outside_allocator_bytes", "peak_device_bytes", "fits", "mode", "seconds", "n_events", "breakdown"):
+        assert key in res
+    assert res["fits"] is True and res["gpu"] == "A100-SXM4-40GB"
+    assert res["peak_device_bytes"] == res["context_bytes"] + res["outside_allocator_bytes"] + res["peak_reserved_bytes"]
+
+
+def test_batch_override_changes_the_estimate(capsys):
+    small = json.loads(run(capsys, "estimate", EXAMPLE, "--json", "--iterations", "1", "--set", "batch_size=4")[1])
+    big = json.loads(run(capsys, "estimate", EXAMPLE, "--json", "--iterations", "1", "--set", "batch_size=64")[1])
+    assert big["breakdown"].get("activation", 0) > 8 * small["breakdown"].get("activation", 0)
+    assert big["breakdown"]["parameter"] == small["breakdown"]["parameter"]
+
+
+def test_does_not_fit_exits_3(capsys):
+    code, out, _ = run(capsys, "estimate", EXAMPLE, "--gpu", "RTX 4060", "--iterations", "1",
+                       "--set", "batch_size=4096")
+    assert code == 3
+    assert "DOES NOT FIT" in out and "short by" in out
+
+
+def test_max_batch(capsys):
+    code, out, _ = run(capsys, "estimate", EXAMPLE, "--gpu", "RTX 4060", "--iterations", "1", "--max-batch",
+                       "batch_size", "--json")
+    assert code == 0
+    res = json.loads(out)
+    best = res["max_value"]
+    assert best > 0 and res["fits"]
+    over = json.loads(run(capsys, "estimate", EXAMPLE, "--gpu", "RTX 4060", "--iterations", "1", "--json",
+                          "--set", f"batch_size={best + 1}")[1])
+    assert not over["fits"]
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--gpu", "B9000"], "unknown GPU"),
+    (["--set", "batchsize=3"], "batchsize"),
+    (["--alloc-conf", "max_split_size_mb:1"], "max_split_size_mb"),
+    (["--iterations", "0"], "--iterations"),
+])
+def test_bad_input_exits_2(capsys, argv, fragment):
+    code, _, err = run(capsys, "estimate", EXAMPLE, *argv)
+    assert code == 2
+    assert fragment.lower() in err.lower()
+
+
+def test_failing_script_exits_1_with_its_traceback(tmp_path, capsys):
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nx = torch.ones(3, device='cuda')\ny = x @ torch.ones(4, 4, device='cuda')\n")
+    code, _, err = run(capsys, "estimate", str(script))
+    assert code == 1
+    assert "broken.py" in err and "line 3" in err
+    assert "xmem_engine" not in err.split("xmem estimate:")[0]  # the user's frames only
+
+
+def test_snapshot_and_events_outputs(tmp_path, capsys):
+    snap, events = tmp_path / "s.pickle", tmp_path / "e.jsonl"
+    code, _, _ = run(capsys, "estimate", EXAMPLE, "--iterations", "1", "--set", "batch_size=4",
+                     "--snapshot", str(snap), "--events", str(events))
+    assert code == 0
+    from xmem_engine.snapshot import load_snapshot
+
+    s = load_snapshot(snap)
+    assert s["segments"] and s["device_traces"][0]
+    lines = events.read_text().splitlines()
+    assert json.loads(lines[0])["kind"]

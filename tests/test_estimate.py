@@ -1,0 +1,103 @@
+"""The estimate: trace -> CUDA behaviour -> allocator on the target GPU -> plain result."""
+
+import json
+
+import pytest
+
+from xmem_engine.cuda_behaviour import WORKSPACE_OP
+from xmem_engine.estimate import Estimate, estimate, estimate_trace, max_batch
+from xmem_engine.gpus import UnknownGPUError
+
+MiB = 1 << 20
+
+MLP = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(2):
+    x = torch.randn(batch, 512, device="cuda")
+    loss = model(x).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def mlp_estimate() -> Estimate:
+    return estimate(MLP, "A100-40GB", namespace={"batch": 64}, mode="fake")
+
+
+def test_headline_figures_add_up(mlp_estimate):
+    e = mlp_estimate
+    assert e.gpu == "A100-SXM4-40GB" and e.fits and not e.oom
+    assert e.peak_device_bytes == e.context_bytes + e.outside_allocator_bytes + e.peak_reserved_bytes
+    assert e.headroom_bytes == e.capacity_bytes - e.peak_device_bytes
+    assert e.peak_allocated_bytes <= e.peak_reserved_bytes
+    params = 2 * (512 * 2048 * 4) + 2048 * 4 + 512 * 4
+    # AdamW keeps two moments per parameter; gradients as big as the parameters
+    assert e.breakdown["parameter"] >= params
+    assert e.breakdown["optimizer_state"] >= 2 * params
+    assert set(e.breakdown) <= {"parameter", "gradient", "optimizer_state", "activation", "temporary", "input",
+                                "workspace", "buffer", "other"}
+    assert e.timeline.allocated and max(e.timeline.allocated) == e.peak_allocated_bytes
+
+
+def test_two_cublas_workspaces_sized_by_architecture(mlp_estimate):
+    ws = [ev for ev in estimate_trace(mlp_estimate.trace, "A100-40GB").trace.events if ev.op == WORKSPACE_OP]
+    assert ws == []  # the trace itself stays GPU-independent
+    from xmem_engine.cuda_behaviour import adapt_trace
+    from xmem_engine.gpus import get_gpu
+
+    for gpu, size in (("A100-40GB", 8_519_680), ("H100", 32 * MiB)):
+        events, _ = adapt_trace(mlp_estimate.trace, get_gpu(gpu), "2.6")
+        sizes = [ev.bytes for ev in events if ev.op == WORKSPACE_OP]
+        assert sizes == [size, size]  # forward thread + autograd thread
+        phases = [ev.phase for ev in events if ev.op == WORKSPACE_OP]
+        assert phases[0] != "backward" and phases[1] == "backward"
+
+
+def test_gpu_switch_resimulates_without_retracing(mlp_estimate):
+    h100 = estimate_trace(mlp_estimate.trace, "h100")
+    assert h100.gpu == "H100-SXM-80GB" and h100.trace is mlp_estimate.trace
+    # 2 x (32 MiB - 8,519,680 B) more workspace on Hopper
+    assert h100.peak_allocated_bytes - mlp_estimate.peak_allocated_bytes == 2 * (32 * MiB - 8_519_680)
+    assert h100.simulate_seconds < 1.0
+
+
+def test_does_not_fit_on_a_small_gpu():
+    e = estimate(MLP, "RTX 4060", namespace={"batch": 300_000}, mode="fake")
+    assert not e.fits and e.headroom_bytes < 0
+    assert e.oom and any("out of memory" in n for n in e.notes)
+
+
+def test_unknown_gpu_is_a_clear_error():
+    with pytest.raises(UnknownGPUError, match="A100"):
+        estimate(MLP, "A100-41GB-imaginary", namespace={"batch": 1})
+
+
+def test_report_is_json_and_thinned(mlp_estimate):
+    rep = mlp_estimate.to_report(max_points=10)
+    json.dumps(rep)
+    assert rep["version"] == 1 and rep["gpu"] == "A100-SXM4-40GB"
+    assert len(rep["timeline"]["event"]) <= 10
+    assert max(rep["timeline"]["allocated"]) == mlp_estimate.peak_allocated_bytes  # the peak survives
+
+
+class _Fake:
+    def __init__(self, fits: bool):
+        self.fits = fits
+
+
+@pytest.mark.parametrize("answer, start", [(37, 1), (37, 64), (1, 8), (1000, 1000), (0, 5)])
+def test_max_batch_search(answer, start):
+    calls = []
+
+    def build(v):
+        calls.append(v)
+        return _Fake(v <= answer)
+
+    best, est = max_batch(build, start=start)
+    assert best == answer
+    assert len(calls) == len(set(calls))  # each value estimated once
+    assert len(calls) <= 2 * max(answer, start).bit_length() + 2

@@ -1,0 +1,552 @@
+"""The tracer: a CUDA training step run on the CPU, recorded as GPU memory requests."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from xmem_engine.allocator import CachingAllocator
+from xmem_engine.trace import Trace, TraceEvent
+from xmem_engine.tracer import Tracer, UnsupportedOpError, trace, user_traceback_lines
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_zoo import MLP, train_fn  # noqa: E402
+
+MODES = ["fake", "real"]
+
+
+def allocs(tr: Trace, **match) -> list[TraceEvent]:
+    return [e for e in tr.events if e.kind == "alloc" and all(getattr(e, k) == v for k, v in match.items())]
+
+
+def live_bytes_by_category(tr: Trace) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in tr.events:
+        if e.kind in ("alloc", "free"):
+            out[e.category] = out.get(e.category, 0) + (e.bytes if e.kind == "alloc" else -e.bytes)
+    return out
+
+
+def nbytes(module: nn.Module, grads: bool = False) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+# --------------------------------------------------------------------------- basics
+@pytest.mark.parametrize("mode", MODES)
+def test_only_gpu_tensors_are_traced(mode):
+    src = """
+import torch
+cpu_data = torch.randn(1000, 100)          # host: not traced
+cpu_sum = (cpu_data * 2).sum()             # host arithmetic: not traced
+x = torch.zeros(10, 10, device="cuda")     # 400 B
+y = torch.ones(5, device=torch.device("cuda:0")).to(torch.float64)  # 20 B, then a 40 B cast
+z = cpu_data[:3].to("cuda")                # 1200 B
+"""
+    tr = trace(src, {}, mode=mode)
+    assert sorted((e.bytes, e.category) for e in allocs(tr)) == [
+        (20, "input"), (40, "other"), (400, "input"), (1200, "input")]  # the cast is GPU work
+    assert all(e.source.startswith("<cell>:") for e in allocs(tr))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_views_share_one_allocation_and_inplace_ops_allocate_nothing(mode):
+    src = """
+import torch
+x = torch.empty(64, 64, device="cuda")
+v = x.view(4096); t = x.t(); s = x[::2, 1:]; c = x.chunk(4)
+x.add_(1); x.mul_(2); x.t_(); v.zero_(); torch.relu_(x)
+y = x.clone()
+"""
+    tr = trace(src, {}, mode=mode)
+    assert [(e.op, e.bytes) for e in allocs(tr)] == [("aten.empty.memory_format", 16384), ("aten.clone.default", 16384)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_free_is_recorded_when_the_last_reference_dies(mode):
+    src = """
+import torch
+a = torch.empty(256, device="cuda")
+b = a[10:20]          # a view keeps the storage alive
+del a
+marker = torch.empty(1, device="cuda")
+del b
+"""
+    tr = trace(src, {}, mode=mode)
+    kinds = [(e.kind, e.bytes) for e in tr.events if e.kind in ("alloc", "free")]
+    # 1024 B alloc, marker alloc, then the free of the 1024 B storage (after `del b`), ...
+    assert kinds[:3] == [("alloc", 1024), ("alloc", 4), ("free", 1024)]
+    a_id = allocs(tr)[0].id
+    assert [e.id for e in tr.events if e.kind == "free"].count(a_id) == 1
+
+
+def test_cuda_device_is_virtual_inside_and_restored_after():
+    had_cuda = torch.cuda.is_available()
+    src = """
+import torch
+avail = torch.cuda.is_available()
+count = torch.cuda.device_count()
+name = torch.cuda.get_device_name(0)
+props = torch.cuda.get_device_properties(0)
+total = props.total_memory
+cap = torch.cuda.get_device_capability()
+x = torch.randn(3, device="cuda")
+dev = str(x.device)
+is_cuda = x.is_cuda
+same = x.device == torch.device("cuda:0")
+h = x.cpu()
+host_dev = str(h.device)
+m = torch.nn.Linear(2, 2).to("cuda")
+param_dev = str(next(m.parameters()).device)
+"""
+    ns: dict = {}
+    trace(src, ns, mode="fake", device={"name": "NVIDIA H100 80GB HBM3", "total_memory": 85_520_809_984,
+                                         "major": 9, "minor": 0, "multi_processor_count": 132})
+    assert ns["avail"] is True and ns["count"] == 1
+    assert ns["name"] == "NVIDIA H100 80GB HBM3" and ns["total"] == 85_520_809_984 and ns["cap"] == (9, 0)
+    assert ns["dev"] == "cuda:0" and ns["is_cuda"] is True and ns["same"] is True
+    assert ns["host_dev"] == "cpu" and ns["param_dev"] == "cuda:0"
+    assert torch.cuda.is_available() == had_cuda
+    assert torch._C._len_torch_function_stack() == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_statistics_answer_from_the_simulated_allocator(mode):
+    src = """
+import torch
+a = torch.empty(1000, device="cuda")          # 4000 B -> one 4096 B block
+after_a = torch.cuda.memory_allocated()
+b = torch.empty(1 << 20, device="cuda")       # 4 MiB
+peak1 = torch.cuda.max_memory_allocated()
+del b
+after_free = torch.cuda.memory_allocated()
+reserved = torch.cuda.memory_reserved()
+torch.cuda.reset_peak_memory_stats()
+peak2 = torch.cuda.max_memory_allocated()
+torch.cuda.empty_cache()
+reserved_after_empty = torch.cuda.memory_reserved()
+stats_allocated = torch.cuda.memory_stats()["allocated_bytes.all.current"]
+free, total = torch.cuda.mem_get_info()
+"""
+    ns: dict = {}
+    alloc = CachingAllocator()
+    tr = trace(src, ns, mode=mode, allocator=alloc)
+    assert ns["after_a"] == 4096
+    assert ns["peak1"] == 4096 + (1 << 22)
+    assert ns["after_free"] == 4096 == ns["stats_allocated"]
+    assert ns["reserved"] >= 4096 + (1 << 22)
+    assert ns["peak2"] == 4096
+    assert ns["reserved_after_empty"] < ns["reserved"]
+    assert ns["total"] == 42_505_273_344 and ns["free"] == ns["total"] - ns["reserved_after_empty"]
+    kinds = [e.kind for e in tr.events]
+    assert kinds.count("reset_peak") == 1 and kinds.count("empty_cache") == 1
+    assert kinds.index("reset_peak") < kinds.index("empty_cache")
+
+
+def test_streams_and_record_stream():
+    src = """
+import torch
+s = torch.cuda.Stream()
+a = torch.empty(128, device="cuda")
+with torch.cuda.stream(s):
+    b = torch.empty(256, device="cuda")
+    a.record_stream(torch.cuda.current_stream())
+c = torch.empty(64, device="cuda")
+torch.cuda.synchronize()
+"""
+    tr = trace(src, {}, mode="fake")
+    a, b, c = allocs(tr)
+    assert a.stream == 0 and c.stream == 0 and b.stream != 0
+    rec = [e for e in tr.events if e.kind == "record_stream"]
+    assert len(rec) == 1 and rec[0].id == a.id and rec[0].streams == (b.stream,)
+
+
+# --------------------------------------------------------------------------- training step
+@pytest.mark.parametrize("mode", MODES)
+def test_training_step_categories_phases_and_iterations(mode):
+    tr = trace(train_fn("mlp", iters=3, opt="adamw"), mode=mode)
+    model = MLP()
+    pbytes = nbytes(model)
+    cats = {c: sum(e.bytes for e in allocs(tr, category=c)) for c in
+            ("parameter", "gradient", "optimizer_state", "activation", "temporary", "input")}
+    assert cats["parameter"] == pbytes
+    assert cats["optimizer_state"] == 2 * pbytes          # AdamW: exp_avg and exp_avg_sq
+    assert cats["gradient"] == 3 * pbytes                  # set_to_none: new grads every iteration
+    assert cats["activation"] > 0 and cats["temporary"] > 0 and cats["input"] > 0
+    # phases of each allocation category
+    assert {e.phase for e in allocs(tr, category="gradient")} == {"backward"}
+    assert {e.phase for e in allocs(tr, category="optimizer_state")} == {"optimizer"}
+    assert {e.phase for e in allocs(tr, category="activation")} == {"forward"}
+    assert {e.iteration for e in allocs(tr, category="optimizer_state")} == {0}
+    # markers: three iterations, each forward -> backward -> optimizer
+    iters = [e.iteration for e in tr.events if e.kind == "iteration"]
+    assert iters == [0, 1, 2] and tr.meta["iterations"] == 3
+    phases = [e.phase for e in tr.events if e.kind == "phase"]
+    assert phases == ["forward", "backward", "other", "optimizer", "other"] * 3
+    # everything except parameters and optimizer state is released once the loop is done
+    live = live_bytes_by_category(tr)
+    assert live["activation"] == 0 and live["temporary"] == 0 and live["gradient"] == 0
+    # module paths: the MLP's layers are named as in named_modules()
+    fwd_modules = {e.module for e in allocs(tr, phase="forward")}
+    assert {"net.0", "net.1", "net.3"} <= fwd_modules
+    assert {"net.0", "net.3", "net.5"} <= {e.module for e in allocs(tr, phase="backward")}
+
+
+def test_frees_carry_the_final_category_of_their_allocation():
+    tr = trace(train_fn("mlp", iters=2), mode="fake")
+    by_id = {e.id: e for e in allocs(tr)}
+    frees = [e for e in tr.events if e.kind == "free"]
+    assert frees and all(e.category == by_id[e.id].category and e.bytes == by_id[e.id].bytes for e in frees)
+
+
+def test_zero_grad_without_set_to_none_keeps_gradients():
+    def step():
+        model = nn.Linear(16, 16).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(4, 16, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+
+    tr = trace(step, mode="fake")
+    grads = allocs(tr, category="gradient")
+    assert sum(e.bytes for e in grads) == 16 * 16 * 4 + 16 * 4   # allocated once, reused
+    assert live_bytes_by_category(tr).get("gradient") == 0       # freed when the model dies
+
+
+def test_add_event_and_op_hooks_let_later_code_inject_requests():
+    seen: list[str] = []
+
+    def setup(tracer: Tracer) -> None:
+        def hook(tr, func, args, kwargs, out):
+            if str(func) == "aten.mm.default" and not seen:
+                ev = tr.add_event(TraceEvent("alloc", bytes=8_519_680, category="workspace", op="cublas"))
+                seen.append(str(ev.id))
+
+        tracer.op_hooks.append(hook)
+
+    alloc = CachingAllocator()
+    tr = trace("import torch\nx = torch.randn(8, 8, device='cuda') @ torch.randn(8, 8, device='cuda')\n"
+               "m = torch.cuda.memory_allocated()", ns := {}, mode="fake", allocator=alloc, setup=[setup])
+    ws = allocs(tr, category="workspace")
+    assert len(ws) == 1 and ws[0].bytes == 8_519_680 and str(ws[0].id) == seen[0]
+    assert ns["m"] >= 8_519_680
+
+
+# --------------------------------------------------------------------------- fake-mode specifics
+def test_fake_mode_runs_value_reading_initialisers_and_big_models():
+    def build():
+        m = nn.Linear(4096, 4096)
+        nn.init.trunc_normal_(m.weight, std=0.02)   # loops on mask.any(): data dependent
+        nn.init.orthogonal_(m.weight)
+        m.cuda()
+
+    tr = trace(build, mode="fake")
+    assert tr.mode == "fake"
+    assert sorted(e.bytes for e in allocs(tr)) == [4096 * 4, 4096 * 4096 * 4]
+    assert torch.nn.init.trunc_normal_.__module__ == "torch.nn.init"
+
+
+def test_item_for_logging_stays_fake_but_control_flow_falls_back_to_real():
+    logging_src = """
+import torch
+w = torch.randn(8, device="cuda", requires_grad=True)
+loss = (w * 2).sum()
+msg = f"loss {loss.item():.3f}"
+total = 0.0
+total += loss.item()
+"""
+    ns: dict = {}
+    tr = trace(logging_src, ns, mode="auto")
+    assert tr.mode == "fake" and "fallback" not in tr.meta and ns["msg"] == "loss 1.000"
+    assert type(ns["total"]) is float                      # arithmetic leaves a plain float
+    branch_src = logging_src + "if loss.item() > 0:\n    extra = torch.empty(100, device='cuda')\n"
+    tr = trace(branch_src, {}, mode="auto")
+    assert tr.mode == "real" and "Tensor.item() in a comparison" in tr.meta["fallback"]
+    assert "<cell>:8" in tr.meta["fallback"]
+
+
+DATA_DEPENDENT = """
+import torch
+x = torch.randn(100, device="cuda")
+pos = x[x > 0]                 # boolean mask: output shape depends on values
+idx = torch.nonzero(x)
+"""
+
+
+def test_data_dependent_shapes_fall_back_in_auto_and_name_the_op_in_fake():
+    tr = trace(DATA_DEPENDENT, {}, mode="auto")
+    assert tr.mode == "real" and "fake mode cannot run aten." in tr.meta["fallback"]
+    assert sum(1 for e in tr.events if e.kind == "alloc" and e.bytes == 400) == 1
+    with pytest.raises(UnsupportedOpError) as ei:
+        trace(DATA_DEPENDENT, {}, mode="fake")
+    msg = str(ei.value)
+    assert "aten." in msg and "fake mode" in msg and "--mode real" in msg and "<cell>:4" in msg
+    assert torch._C._len_torch_function_stack() == 0
+
+
+# --------------------------------------------------------------------------- errors
+def test_user_exception_keeps_its_type_and_the_cell_traceback():
+    src = "import torch\nx = torch.ones(3, device='cuda')\n\ny = 1 / 0\n"
+    ns = {"keep": 42}
+    with pytest.raises(ZeroDivisionError) as ei:
+        trace(src, ns, mode="fake")
+    frames = traceback.extract_tb(ei.value.__traceback__)
+    assert ("<cell>", 4) in [(f.filename, f.lineno) for f in frames]
+    text = "".join(user_traceback_lines(ei.value))
+    assert 'File "<cell>", line 4' in text and "y = 1 / 0" in text and "xmem_engine" not in text and "test_tracer.py" not in text
+    assert ns == {"keep": 42}
+    assert not torch.cuda.is_available() or torch.version.cuda
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_keyboard_interrupt_restores_everything():
+    import torch.nn.modules.module as module_mod
+
+    apply_before = torch.nn.Module._apply
+    hooks_before = len(module_mod._global_forward_pre_hooks)
+
+    def interrupted():
+        nn.Linear(3, 3).cuda()(torch.ones(1, 3, device="cuda"))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        trace(interrupted, mode="fake")
+    assert torch.nn.Module._apply is apply_before
+    assert len(module_mod._global_forward_pre_hooks) == hooks_before
+    assert torch._C._len_torch_function_stack() == 0
+    assert not torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    assert torch._C._get_mkldnn_enabled()
+    from torch._subclasses.fake_tensor import FakeTensor
+    assert "device" in vars(FakeTensor) and isinstance(vars(FakeTensor)["device"], property)
+    assert vars(FakeTensor)["device"].fget.__qualname__.startswith("FakeTensor")
+
+
+def test_bad_mode_and_bad_code_are_rejected():
+    with pytest.raises(ValueError):
+        trace("x = 1", {}, mode="gpu")
+    with pytest.raises(TypeError):
+        trace(42)  # type: ignore[arg-type]
+    with pytest.raises(SyntaxError):
+        trace("def broken(:", {})
+
+
+# --------------------------------------------------------------------------- more CUDA idioms
+@pytest.mark.parametrize("mode", MODES)
+def test_activation_checkpointing_saves_less(mode):
+    def step(checkpoint: bool):
+        def run():
+            from torch.utils.checkpoint import checkpoint as ckpt
+
+            blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+                                   for _ in range(4)).cuda()
+            x = torch.randn(512, 64, device="cuda", requires_grad=True)
+            for b in blocks:
+                x = ckpt(b, x, use_reentrant=False) if checkpoint else b(x)
+            x.sum().backward()
+        return run
+
+    def peak(tr):
+        live = best = 0
+        for e in tr.events:
+            live += e.bytes if e.kind == "alloc" else -e.bytes if e.kind == "free" else 0
+            best = max(best, live)
+        return best
+
+    plain, ckpt = trace(step(False), mode=mode), trace(step(True), mode=mode)
+    assert peak(ckpt) < peak(plain)
+    assert sum(e.bytes for e in allocs(ckpt, phase="backward", op="aten.addmm.default")) > 0  # recomputed
+
+
+def test_default_device_context_and_fraction_oom():
+    src = """
+import torch
+with torch.device("cuda"):
+    layer = torch.nn.Linear(100, 100)
+dev = str(layer.weight.device)
+torch.cuda.set_per_process_memory_fraction(0.5)
+try:
+    huge = torch.empty(30 * 2**30, dtype=torch.uint8, device="cuda")   # 30 GiB > 0.5 x 40 GB
+except torch.cuda.OutOfMemoryError as e:
+    oom = "out of memory" in str(e)
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake")
+    assert ns["dev"] == "cuda:0" and ns["oom"] is True
+    assert sorted(e.bytes for e in allocs(tr)) == [400, 40000]
+
+
+def test_cuda_only_calls_are_named_with_the_line_and_nvtx_is_a_no_op():
+    src = "import torch\ntorch.cuda.nvtx.range_push('step')\nx = torch.ones(2, device='cuda')\n" \
+          "g = torch.Generator(device='cuda')\n"
+    with pytest.raises(UnsupportedOpError) as ei:
+        trace(src, {}, mode="fake")
+    msg = str(ei.value)
+    assert "<cell>:4" in msg and "CUDA generator" in msg and "real GPU" in msg
+    assert isinstance(ei.value.__cause__, RuntimeError)
+    assert torch._C._len_torch_function_stack() == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_max_iterations_stops_a_long_loop(mode):
+    src = """
+import torch
+model = torch.nn.Linear(8, 8).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+steps = 0
+for step in range(1000):
+    model(torch.randn(4, 8, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    steps += 1
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode=mode, max_iterations=2)
+    assert tr.meta["stopped"] is True and tr.meta["iterations"] == 2
+    assert [e.iteration for e in tr.events if e.kind == "iteration"] == [0, 1]
+    assert ns["steps"] == 2
+    full = trace(src.replace("1000", "2"), {}, mode=mode)
+    assert full.meta["stopped"] is False
+    # the stopped run also made the next iteration's input before its forward began
+    stopped_allocs = [(e.bytes, e.category) for e in tr.events if e.kind == "alloc"]
+    assert stopped_allocs == [(e.bytes, e.category) for e in full.events if e.kind == "alloc"] + [(128, "input")]
+
+
+IDIOMS = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+ds = TensorDataset(torch.randn(64, 16), torch.randint(0, 2, (64,)))
+dl = DataLoader(ds, batch_size=16, pin_memory=True, shuffle=True, num_workers=2)   # sampler reads values
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)).cuda()
+model = torch.compile(model.bfloat16().float())
+opt = torch.optim.AdamW(model.parameters(), fused=True)
+scaler = torch.amp.GradScaler("cuda")
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+start.record()
+seen = 0
+for x, y in dl:
+    seen += int(y.numel())
+    x, y = x.to("cuda", non_blocking=True), y.cuda(non_blocking=True)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+end.record()
+torch.cuda.synchronize()
+ms = start.elapsed_time(end)
+host_mean = float(ds.tensors[0].mean())                                 # CPU-side values are real
+"""
+
+
+def test_common_training_idioms_run_in_fake_mode_like_in_real_mode():
+    results = {}
+    for mode in MODES:
+        ns: dict = {}
+        tr = trace(IDIOMS, ns, mode=mode)
+        assert tr.mode == mode and "fallback" not in tr.meta
+        assert ns["seen"] == 64 and ns["ms"] == 0.0 and abs(ns["host_mean"]) < 1.0
+        results[mode] = [(e.kind, e.bytes, e.category) for e in tr.events if e.kind in ("alloc", "free")]
+        assert tr.meta["iterations"] == 4
+    assert results["fake"] == results["real"]
+
+
+def test_auto_mode_traces_a_dataloader_loop_in_fake_mode():
+    tr = trace(IDIOMS, {}, mode="auto")
+    assert tr.mode == "fake" and "fallback" not in tr.meta
+
+
+def test_formatting_fake_scalars_and_rounding_needs_values():
+    src = "import torch\nx = torch.randn(4, device='cuda')\nw = x.sum()\ns = f'{w:.2f} {w.item():.1f} {int(x.numel())}'\n"
+    ns: dict = {}
+    assert trace(src, ns, mode="fake").mode == "fake" and ns["s"] == "1.00 1.0 4"
+    with pytest.raises(UnsupportedOpError, match="round"):
+        trace(src + "r = round(w.item())\n", {}, mode="fake")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_to_variants_follow_pytorch_copy_rules(mode):
+    src = """
+import torch
+x = torch.empty(2, 3, 4, 4, device="cuda")                 # 384 B
+same = x.to("cuda") is x and x.cuda() is x and x.to(x) is x and x.to(torch.float32) is x
+cl = x.to(memory_format=torch.channels_last)                 # 384 B copy
+h = x.half()                                                 # 192 B
+c = x.to("cuda", copy=True)                                  # 384 B
+d = x.to(torch.device("cuda"), torch.float64, False, False)  # 768 B
+host = torch.ones(3)
+y = host.to(x)                                               # 12 B (device and dtype of x)
+back_is_new = x.cpu() is not x
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode=mode)
+    assert ns["same"] is True and ns["back_is_new"] is True
+    assert [e.bytes for e in allocs(tr)] == [384, 384, 192, 384, 768, 12]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_errors_inside_torch_ops_end_at_the_users_line(mode):
+    src = "import torch\nx = torch.ones(3, device='cuda')\ny = x @ torch.ones(4, 4, device='cuda')\n"
+    with pytest.raises(RuntimeError) as ei:
+        trace(src, {}, mode=mode)
+    frames = traceback.extract_tb(ei.value.__traceback__)
+    assert (frames[-1].filename, frames[-1].lineno) == ("<cell>", 3)
+    names = [f.name for f in frames]
+    after = frames[names.index("trace") + 1:]                 # the frames of the user's code
+    assert after and not any("xmem_engine" in f.filename for f in after)
+
+
+def test_gradient_accumulation_iterations_run_from_step_to_step():
+    src = """
+import torch
+model = torch.nn.Linear(8, 8).cuda()
+opt = torch.optim.Adam(model.parameters())
+for micro in range(6):
+    model(torch.randn(2, 8, device="cuda")).sum().backward()
+    if micro % 3 == 2:
+        opt.step()
+        opt.zero_grad()
+"""
+    tr = trace(src, {}, mode="fake")
+    assert [e.iteration for e in tr.events if e.kind == "iteration"] == [0, 1]
+    steps = [e.iteration for e in tr.events if e.kind == "phase" and e.phase == "optimizer"]
+    assert steps == [0, 1]
+    no_opt = trace(src.replace("opt = torch.optim.Adam(model.parameters())", "")
+                   .replace("opt.step()", "pass").replace("opt.zero_grad()", "pass"), {}, mode="fake")
+    assert [e.iteration for e in no_opt.events if e.kind == "iteration"] == list(range(6))
+
+
+def test_backward_allocations_are_attributed_to_the_forward_module():
+    tr = trace(train_fn("transformer_encoder", iters=1), mode="fake")
+    bwd = [e for e in allocs(tr, phase="backward")]
+    named = [e for e in bwd if e.module]
+    assert len(named) > 0.8 * len(bwd)
+    # the attention's intermediate nodes (made inside F.multi_head_attention_forward) too
+    assert sum(1 for e in bwd if e.module == "encoder.layers.0.self_attn") >= 10
+    assert {e.module for e in bwd} >= {"encoder.layers.0.linear1", "encoder.layers.1.norm2", "head"}
+
+
+def test_memory_snapshot_calls_answer_from_the_simulated_allocator(tmp_path):
+    out = tmp_path / "snap.pickle"
+    src = f"""
+import torch
+torch.cuda.memory._record_memory_history(max_entries=1000)
+x = torch.empty(1 << 20, device="cuda")
+snap = torch.cuda.memory._snapshot()
+n_segments = len(snap["segments"])
+total = sum(s["total_size"] for s in snap["segments"])
+torch.cuda.memory._dump_snapshot({str(out)!r})
+torch.cuda.memory._record_memory_history(enabled=None)
+"""
+    ns: dict = {}
+    trace(src, ns, mode="fake")
+    assert ns["n_segments"] == 1 and ns["total"] >= 4 << 20
+    from xmem_engine.snapshot import load_snapshot
+
+    assert load_snapshot(out)["segments"]

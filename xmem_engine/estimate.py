@@ -1,0 +1,379 @@
+"""The estimate: how much GPU memory a training step needs on a named GPU.
+
+``estimate(code, gpu=...)`` traces the code on the CPU (tracer.py), re-creates what a CUDA
+run does differently (cuda_behaviour.py), replays the requests through the caching
+allocator on the target GPU (simulate.py) and returns an :class:`Estimate`: plain data that
+the CLI prints, the notebook widget draws, and :meth:`Estimate.to_report` saves.
+
+Device memory, as ``nvidia-smi`` would show it for the process::
+
+    peak_device_bytes = context_bytes + outside_allocator_bytes + peak_reserved_bytes
+
+``context_bytes`` is the CUDA context (per GPU, from the catalog); ``outside_allocator_bytes``
+is library memory that does not pass through PyTorch's allocator (cuBLAS / cuDNN kernels
+loaded on first use). The allocator itself may reserve at most what remains of the GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from xmem_engine.alloc_conf import AllocatorConfig, parse_alloc_conf
+from xmem_engine.allocator import CachingAllocator
+from xmem_engine.gpus import GPU, get_gpu, load_catalog
+from xmem_engine.simulate import SimulationResult, simulate
+from xmem_engine.trace import Trace
+
+REPORT_MIME = "application/vnd.xmem.report+json"
+REPORT_VERSION = 1
+DEFAULT_GPU = "A100-SXM4-40GB"
+
+
+@dataclass
+class Timeline:
+    """Allocated / reserved bytes after each allocation or free, on the trace's event axis."""
+
+    event: list[int]
+    allocated: list[int]
+    reserved: list[int]
+    phases: list[tuple[int, str]]  # (event index, phase that starts there)
+    iterations: list[int]  # event index where each iteration starts
+
+
+@dataclass
+class Estimate:
+    """One estimate for one GPU. Byte figures are exact integers."""
+
+    gpu: str  # catalog key, e.g. "A100-SXM4-40GB"
+    gpu_name: str  # as nvidia-smi prints it
+    capacity_bytes: int  # device memory the driver lets a process use
+    context_bytes: int
+    outside_allocator_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_device_bytes: int
+    fits: bool
+    headroom_bytes: int  # capacity - peak device memory (negative: short by that much)
+    oom: bool  # the simulated run hit out-of-memory before it finished
+    reserved_at_peak_bytes: int  # reserved when allocated peaked (the rest is cached)
+    breakdown: dict[str, int]  # category -> bytes live at the peak
+    breakdown_by_module: dict[str, int]  # top modules -> bytes live at the peak
+    top_tensors: list[dict]  # the largest tensors live at the peak
+    timeline: Timeline
+    mode: str  # trace mode used: fake / real
+    n_events: int
+    alloc_conf: str
+    torch_version: str
+    seconds: float  # whole estimate
+    trace_seconds: float
+    simulate_seconds: float
+    notes: list[str] = field(default_factory=list)
+    trace: Trace | None = field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict:
+        """Everything but the trace itself, as JSON-ready data (the ``--json`` output)."""
+        return {
+            "gpu": self.gpu,
+            "gpu_name": self.gpu_name,
+            "capacity_bytes": self.capacity_bytes,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "context_bytes": self.context_bytes,
+            "outside_allocator_bytes": self.outside_allocator_bytes,
+            "peak_device_bytes": self.peak_device_bytes,
+            "fits": self.fits,
+            "headroom_bytes": self.headroom_bytes,
+            "oom": self.oom,
+            "reserved_at_peak_bytes": self.reserved_at_peak_bytes,
+            "mode": self.mode,
+            "seconds": round(self.seconds, 3),
+            "trace_seconds": round(self.trace_seconds, 3),
+            "simulate_seconds": round(self.simulate_seconds, 3),
+            "n_events": self.n_events,
+            "alloc_conf": self.alloc_conf,
+            "torch_version": self.torch_version,
+            "breakdown": self.breakdown,
+            "breakdown_by_module": self.breakdown_by_module,
+            "top_tensors": self.top_tensors,
+            "notes": self.notes,
+        }
+
+    def to_report(self, max_points: int = 2000) -> dict:
+        """The saved-notebook report (``application/vnd.xmem.report+json``, schema in
+        ``xmem_engine/data/report.schema.json``): the headline, the breakdown and a
+        timeline thinned to ``max_points`` samples that keeps every local peak's height."""
+        tl = _thin(self.timeline, max_points)
+        return {
+            "version": REPORT_VERSION,
+            **{k: v for k, v in self.to_json().items() if k not in ("top_tensors",)},
+            "top_tensors": self.top_tensors[:20],
+            "timeline": {
+                "event": tl.event,
+                "allocated": tl.allocated,
+                "reserved": tl.reserved,
+                "phases": [list(p) for p in tl.phases],
+                "iterations": tl.iterations,
+                "peak_event": _peak_index(self.timeline),
+            },
+        }
+
+    def summary(self) -> str:
+        """A few readable lines (the CLI's default output)."""
+        gib = 1 << 30
+        verdict = "fits" if self.fits else "DOES NOT FIT"
+        head = "headroom" if self.headroom_bytes >= 0 else "short by"
+        lines = [
+            f"{self.gpu_name} ({self.capacity_bytes / gib:.2f} GiB usable): {verdict}, "
+            f"{head} {abs(self.headroom_bytes) / gib:.2f} GiB",
+            f"  peak device memory {self.peak_device_bytes / gib:.2f} GiB = CUDA context "
+            f"{self.context_bytes / gib:.2f} + libraries {self.outside_allocator_bytes / gib:.2f} + "
+            f"allocator reserved {self.peak_reserved_bytes / gib:.2f} GiB "
+            f"(allocated {self.peak_allocated_bytes / gib:.2f} GiB at the peak)",
+        ]
+        if self.breakdown:
+            parts = ", ".join(f"{k} {v / gib:.2f}" for k, v in self.breakdown.items())
+            lines.append(f"  at the peak (GiB): {parts}")
+        lines.append(f"  traced in {self.mode} mode, {self.n_events:,} events, {self.seconds:.1f} s")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _peak_index(tl: Timeline) -> int:
+    if not tl.allocated:
+        return -1
+    best = max(range(len(tl.allocated)), key=tl.allocated.__getitem__)
+    return tl.event[best]
+
+
+def _thin(tl: Timeline, max_points: int) -> Timeline:
+    """Keep at most ``max_points`` samples, each bucket's highest, so peaks survive."""
+    n = len(tl.event)
+    if n <= max_points:
+        return tl
+    step = n / max_points
+    keep: list[int] = []
+    for b in range(max_points):
+        lo, hi = int(b * step), min(n, int((b + 1) * step))
+        if hi > lo:
+            keep.append(max(range(lo, hi), key=tl.allocated.__getitem__))
+    return Timeline([tl.event[i] for i in keep], [tl.allocated[i] for i in keep],
+                    [tl.reserved[i] for i in keep], tl.phases, tl.iterations)
+
+
+def resolve_gpu(gpu: str | GPU, catalog_file: str | Path | None = None) -> GPU:
+    if isinstance(gpu, GPU):
+        return gpu
+    return get_gpu(gpu, load_catalog(catalog_file))
+
+
+def _config(alloc_conf: str | AllocatorConfig | None) -> AllocatorConfig:
+    if isinstance(alloc_conf, AllocatorConfig):
+        return alloc_conf
+    if alloc_conf is None:
+        return AllocatorConfig.from_env()
+    return parse_alloc_conf(alloc_conf)
+
+
+def estimate(
+    code: str | Callable[[], Any],
+    gpu: str | GPU = DEFAULT_GPU,
+    *,
+    namespace: dict | None = None,
+    mode: str = "auto",
+    alloc_conf: str | AllocatorConfig | None = None,
+    torch_version: str | None = None,
+    filename: str = "<cell>",
+    iterations: int | None = None,
+) -> Estimate:
+    """Estimate the GPU memory ``code`` (source text or a callable) needs on ``gpu``.
+
+    ``iterations``: stop the code once that many training iterations have run (the peak is
+    normally reached by the second), so a long training loop costs two iterations.
+    """
+    from xmem_engine.tracer import trace
+
+    target = resolve_gpu(gpu)
+    cfg = _config(alloc_conf)
+    t0 = time.perf_counter()
+    tr = trace(code, namespace, mode=mode, device=target.properties(), filename=filename,
+               max_iterations=iterations)
+    return estimate_trace(tr, target, cfg, torch_version=torch_version, started=t0)
+
+
+def estimate_script(
+    path: str | Path,
+    gpu: str | GPU = DEFAULT_GPU,
+    *,
+    overrides: dict[str, str] | None = None,
+    mode: str = "auto",
+    alloc_conf: str | AllocatorConfig | None = None,
+    torch_version: str | None = None,
+    iterations: int | None = None,
+) -> Estimate:
+    """Estimate for a training script written for CUDA (``--set`` style ``overrides``)."""
+    from xmem_engine.script import trace_script
+
+    target = resolve_gpu(gpu)
+    cfg = _config(alloc_conf)
+    t0 = time.perf_counter()
+    tr = trace_script(path, mode=mode, overrides=overrides, device=target.properties(),
+                      max_iterations=iterations)
+    return estimate_trace(tr, target, cfg, torch_version=torch_version, started=t0)
+
+
+def estimate_trace(
+    tr: Trace,
+    gpu: str | GPU,
+    alloc_conf: str | AllocatorConfig | None = None,
+    *,
+    torch_version: str | None = None,
+    started: float | None = None,
+) -> Estimate:
+    """The estimate for an existing trace on ``gpu``: re-simulates, never re-traces.
+
+    This is what a GPU switch in the widget calls; it takes milliseconds.
+    """
+    from xmem_engine.cuda_behaviour import adapt_trace, library_bytes
+
+    t0 = time.perf_counter()
+    target = resolve_gpu(gpu)
+    cfg = _config(alloc_conf)
+    version = torch_version or torch.__version__.split("+")[0]
+    events, notes = adapt_trace(tr, target, version)
+    outside = library_bytes(target, tr)
+    allocator_capacity = max(0, target.total_memory_bytes - target.context_bytes - outside)
+    sim = simulate(events, allocator=CachingAllocator(cfg, capacity=allocator_capacity,
+                                                     device_total=target.total_memory_bytes))
+    oom_note = []
+    if sim.oom:
+        # The GPU run would stop at the failing request; report what the step needs (an
+        # unlimited device), so "short by" says how much is missing.
+        oom_note = [f"on this GPU the run runs out of memory at trace event {sim.oom_event}: {sim.oom_message}"]
+        sim = simulate(events, allocator=CachingAllocator(cfg, capacity=None, device_total=target.total_memory_bytes))
+        sim.oom = True
+    peak_device = target.context_bytes + outside + sim.peak_reserved_bytes
+    fits = not sim.oom and peak_device <= target.total_memory_bytes
+    t1 = time.perf_counter()
+    return Estimate(
+        gpu=target.key,
+        gpu_name=target.name,
+        capacity_bytes=target.total_memory_bytes,
+        context_bytes=target.context_bytes,
+        outside_allocator_bytes=outside,
+        peak_allocated_bytes=sim.peak_allocated_bytes,
+        peak_reserved_bytes=sim.peak_reserved_bytes,
+        peak_device_bytes=peak_device,
+        fits=fits,
+        headroom_bytes=target.total_memory_bytes - peak_device,
+        oom=sim.oom,
+        reserved_at_peak_bytes=sim.reserved_at_peak_bytes,
+        breakdown=sim.breakdown,
+        breakdown_by_module=_by_module(sim),
+        top_tensors=[_tensor_json(t) for t in sim.live_at_peak[:50]],
+        timeline=_timeline(sim, events),
+        mode=tr.mode,
+        n_events=len(events),
+        alloc_conf=cfg.source,
+        torch_version=version,
+        seconds=(t1 - started) if started is not None else tr.seconds + (t1 - t0),
+        trace_seconds=tr.seconds,
+        simulate_seconds=t1 - t0,
+        notes=notes + oom_note
+        + ([str(tr.meta["fallback"])] if tr.meta.get("fallback") else []),
+        trace=tr,
+    )
+
+
+def _by_module(sim: SimulationResult, top: int = 12) -> dict[str, int]:
+    acc: dict[str, int] = {}
+    for t in sim.live_at_peak:
+        acc[t.module or "(no module)"] = acc.get(t.module or "(no module)", 0) + t.block_bytes
+    return dict(sorted(acc.items(), key=lambda kv: -kv[1])[:top])
+
+
+def _tensor_json(t) -> dict:
+    return {"bytes": t.block_bytes, "requested": t.bytes, "category": t.category, "op": t.op,
+            "module": t.module, "phase": t.phase, "shape": list(t.shape), "dtype": t.dtype,
+            "source": t.source}
+
+
+def _timeline(sim: SimulationResult, events) -> Timeline:
+    phases: list[tuple[int, str]] = []
+    last = None
+    for i, e in enumerate(events):
+        if e.kind in ("alloc", "free") and e.phase and e.phase != last:
+            phases.append((i, e.phase))
+            last = e.phase
+    return Timeline(list(sim.timeline_event), list(sim.timeline_allocated), list(sim.timeline_reserved),
+                    phases, list(sim.iterations))
+
+
+def max_batch(
+    build: Callable[[int], Estimate],
+    *,
+    start: int = 1,
+    limit: int = 1 << 20,
+) -> tuple[int, Estimate | None]:
+    """The largest value ``v`` in [1, limit] with ``build(v).fits`` (0 if not even 1 fits).
+
+    Memory grows with the batch, so: from ``start`` double (or halve) until the answer is
+    bracketed, then bisect - about 2 log2(answer / start) estimates, each built once.
+    """
+    cache: dict[int, Estimate] = {}
+
+    def fits(v: int) -> bool:
+        if v not in cache:
+            cache[v] = build(v)
+        return cache[v].fits
+
+    v = max(1, min(start, limit))
+    if fits(v):
+        lo, hi = v, None
+        while hi is None:
+            nxt = min(lo * 2, limit)
+            if nxt == lo:
+                return lo, cache[lo]
+            if fits(nxt):
+                lo = nxt
+            else:
+                hi = nxt
+    else:
+        hi, lo = v, None
+        while lo is None:
+            if hi == 1:
+                return 0, cache[1]
+            nxt = hi // 2
+            if fits(nxt):
+                lo = nxt
+            else:
+                hi = nxt
+    while hi - lo > 1:  # lo fits, hi does not
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, cache[lo]
+
+
+def simulated_snapshot(est: Estimate, alloc_conf: str | AllocatorConfig | None = None) -> dict:
+    """The estimate's simulated run as a ``torch.cuda.memory._snapshot()`` dict (for
+    ``python -m torch.cuda._memory_viz`` or pytorch.org/memory_viz)."""
+    from xmem_engine.cuda_behaviour import adapt_trace
+    from xmem_engine.snapshot import make_snapshot
+
+    if est.trace is None:
+        raise ValueError("this estimate carries no trace to re-simulate")
+    target = resolve_gpu(est.gpu)
+    cfg = _config(alloc_conf if alloc_conf is not None else est.alloc_conf)
+    events, _ = adapt_trace(est.trace, target, est.torch_version)
+    history: list[dict] = []
+    capacity = max(0, est.capacity_bytes - est.context_bytes - est.outside_allocator_bytes)
+    alloc = CachingAllocator(cfg, capacity=capacity, device_total=est.capacity_bytes, history=history)
+    simulate(events, allocator=alloc)
+    return make_snapshot(alloc, history)

@@ -1,0 +1,274 @@
+"""Keep tracing non-intrusive: snapshot the user's objects before, restore them after.
+
+Traced code may move a model the user built earlier (``model.cuda()`` rebinds parameter
+data, under fake tensors it even swaps in fake ones), step an optimizer, toggle
+``requires_grad`` or reseed the RNG. :class:`UserState` records what such code could change
+on the modules, optimizers and tensors reachable from the user's namespace (and, for a
+callable, from its globals and closure) and puts all of it back afterwards.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+_MAX_DEPTH = 3  # how far into containers / object attributes the search for user objects goes
+_MAX_ITEMS = 10_000
+
+
+@dataclass
+class _TensorState:
+    tensor: torch.Tensor
+    data: torch.Tensor  # a detached alias: storage, sizes, strides, dtype as they were
+    requires_grad: bool
+    grad: torch.Tensor | None
+
+
+@dataclass
+class _ModuleState:
+    module: torch.nn.Module
+    attrs: dict
+    params: dict
+    buffers: dict
+    modules: dict
+
+
+@dataclass
+class _OptimizerState:
+    optimizer: torch.optim.Optimizer
+    attrs: dict
+    state: dict
+    param_groups: list
+
+
+@dataclass
+class UserState:
+    """What traced code could change in the user's objects, to be restored afterwards."""
+
+    tensors: list[_TensorState] = field(default_factory=list)
+    modules: list[_ModuleState] = field(default_factory=list)
+    optimizers: list[_OptimizerState] = field(default_factory=list)
+    rng: tuple = ()
+    settings: dict = field(default_factory=dict)
+    # The user's storages, by storage key, and copies of those the traced code is about to
+    # write to (copy on first write; see :meth:`before_write`).
+    storages: dict[int, torch.UntypedStorage] = field(default_factory=dict)
+    # The user's lists, dicts and sets with a shallow copy (traced code may append to them).
+    containers: list[tuple[Any, Any]] = field(default_factory=list)
+    originals: dict[int, torch.UntypedStorage] = field(default_factory=dict)
+
+    @classmethod
+    def capture(cls, roots: Iterable[Any]) -> "UserState":
+        """Snapshot everything reachable from ``roots`` (values are copied lazily, on first write)."""
+        st = cls()
+        modules, optimizers, tensors, containers = _find(roots)
+        st.containers = [(c, c.copy()) for c in containers]
+        seen_tensors: dict[int, torch.Tensor] = {id(t): t for t in tensors}
+        for m in modules:
+            for sub in m.modules():
+                st.modules.append(
+                    _ModuleState(sub, dict(sub.__dict__), dict(sub._parameters), dict(sub._buffers), dict(sub._modules))
+                )
+                for t in list(sub._parameters.values()) + list(sub._buffers.values()):
+                    if t is not None:
+                        seen_tensors.setdefault(id(t), t)
+        for opt in optimizers:
+            st.optimizers.append(
+                _OptimizerState(
+                    opt,
+                    dict(opt.__dict__),
+                    {k: dict(v) if isinstance(v, dict) else v for k, v in opt.state.items()},
+                    [dict(g) for g in opt.param_groups],
+                )
+            )
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    seen_tensors.setdefault(id(p), p)
+            for s in opt.state.values():
+                for v in (s.values() if isinstance(s, dict) else ()):
+                    if isinstance(v, torch.Tensor):
+                        seen_tensors.setdefault(id(v), v)
+        for t in list(seen_tensors.values()):
+            if t.grad is not None:
+                seen_tensors.setdefault(id(t.grad), t.grad)
+        with torch.no_grad():
+            for t in seen_tensors.values():
+                st.tensors.append(_TensorState(t, t.detach(), t.requires_grad, t.grad))
+                if not t.is_meta:
+                    storage = t.untyped_storage()
+                    st.storages[storage._cdata] = storage
+        st.rng = _rng_state()
+        st.settings = _settings()
+        return st
+
+    def restore(self) -> None:
+        """Put back every recorded attribute, container, tensor binding, flag and RNG state."""
+        for container, saved in self.containers:
+            if isinstance(container, list):
+                if len(container) != len(saved) or any(a is not b for a, b in zip(container, saved)):
+                    container[:] = saved
+            else:
+                container.clear()
+                container.update(saved)
+        for ms in self.modules:
+            d = ms.module.__dict__
+            for store, saved in ((ms.module._parameters, ms.params), (ms.module._buffers, ms.buffers),
+                                 (ms.module._modules, ms.modules)):
+                store.clear()
+                store.update(saved)
+            for k in [k for k in d if k not in ms.attrs]:
+                del d[k]
+            for k, v in ms.attrs.items():
+                if d.get(k, _MISSING) is not v:
+                    d[k] = v
+        for os_ in self.optimizers:
+            opt = os_.optimizer
+            d = opt.__dict__
+            for k in [k for k in d if k not in os_.attrs]:
+                del d[k]
+            d.update(os_.attrs)
+            opt.state.clear()
+            opt.state.update(os_.state)
+            for g, saved in zip(opt.param_groups, os_.param_groups):
+                g.clear()
+                g.update(saved)
+        with torch.no_grad():
+            for ts in self.tensors:
+                t = ts.tensor
+                if not _same_binding(t, ts.data):
+                    t.data = ts.data
+                if t.is_leaf and t.requires_grad != ts.requires_grad:
+                    t.requires_grad_(ts.requires_grad)
+                if t.grad is not ts.grad:
+                    t.grad = ts.grad
+            for key, original in self.originals.items():
+                self.storages[key].copy_(original)
+        self.originals.clear()
+        _set_rng_state(self.rng)
+        _restore_settings(self.settings)
+
+    def before_write(self, t: torch.Tensor) -> None:
+        """``t`` is about to be written in place: keep a copy if it is (a view of) the user's data."""
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self.storages and key not in self.originals:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():  # a real copy, not a fake one, and not traced
+                self.originals[key] = storage.clone()
+
+
+_SETTINGS = (
+    ("cudnn.benchmark", lambda: torch.backends.cudnn.benchmark,
+     lambda v: setattr(torch.backends.cudnn, "benchmark", v)),
+    ("cudnn.deterministic", lambda: torch.backends.cudnn.deterministic,
+     lambda v: setattr(torch.backends.cudnn, "deterministic", v)),
+    ("cudnn.enabled", lambda: torch.backends.cudnn.enabled, lambda v: setattr(torch.backends.cudnn, "enabled", v)),
+    ("cuda.matmul.allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32,
+     lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v)),
+    ("default_dtype", torch.get_default_dtype, torch.set_default_dtype),
+    ("matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+    ("deterministic", torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
+    ("grad_enabled", torch.is_grad_enabled, torch.set_grad_enabled),
+    ("num_threads", torch.get_num_threads, torch.set_num_threads),
+)
+
+
+def _settings() -> dict:
+    """Process-wide torch settings user code commonly changes."""
+    out = {}
+    for name, get, _ in _SETTINGS:
+        try:
+            out[name] = get()
+        except (RuntimeError, AttributeError):  # pragma: no cover - backend without the flag
+            pass
+    return out
+
+
+def _restore_settings(saved: dict) -> None:
+    for name, get, set_ in _SETTINGS:
+        if name in saved:
+            try:
+                if get() != saved[name]:
+                    set_(saved[name])
+            except (RuntimeError, AttributeError):  # pragma: no cover
+                pass
+
+
+_MISSING = object()
+
+
+def _same_binding(t: torch.Tensor, alias: torch.Tensor) -> bool:
+    return (
+        t.untyped_storage()._cdata == alias.untyped_storage()._cdata
+        and t.shape == alias.shape
+        and t.stride() == alias.stride()
+        and t.storage_offset() == alias.storage_offset()
+        and t.dtype == alias.dtype
+    )
+
+
+def _find(roots: Iterable[Any]) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer], list[torch.Tensor],
+                                         list[list | dict | set]]:
+    """Modules, optimizers, tensors and mutable containers reachable from ``roots`` through
+    containers and attributes."""
+    containers: dict[int, list | dict | set] = {}
+    modules: dict[int, torch.nn.Module] = {}
+    optimizers: dict[int, torch.optim.Optimizer] = {}
+    tensors: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(r, 0) for r in roots]
+    while stack and len(seen) < _MAX_ITEMS:
+        obj, depth = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            modules[id(obj)] = obj
+        elif isinstance(obj, torch.optim.Optimizer):
+            optimizers[id(obj)] = obj
+        elif isinstance(obj, torch.Tensor):
+            tensors[id(obj)] = obj
+        elif depth < _MAX_DEPTH:
+            if type(obj) in (list, dict, set) or isinstance(obj, (list, dict, set)) and type(obj).__module__ == "collections":
+                containers[id(obj)] = obj
+            if isinstance(obj, dict):
+                stack.extend((v, depth + 1) for v in obj.values())
+            elif isinstance(obj, (list, tuple, set, frozenset)):
+                stack.extend((v, depth + 1) for v in obj)
+            elif hasattr(obj, "__dict__") and not isinstance(obj, type) and not callable(obj) \
+                    and type(obj).__module__ not in ("builtins",) and not _is_module_object(obj):
+                stack.extend((v, depth + 1) for v in vars(obj).values())
+    return list(modules.values()), list(optimizers.values()), list(tensors.values()), list(containers.values())
+
+
+def _is_module_object(obj: Any) -> bool:
+    import types
+
+    return isinstance(obj, types.ModuleType)
+
+
+def _rng_state() -> tuple:
+    np_state = None
+    try:
+        import numpy as np
+
+        np_state = np.random.get_state()
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    return (torch.get_rng_state(), random.getstate(), np_state)
+
+
+def _set_rng_state(state: tuple) -> None:
+    if not state:
+        return
+    torch_state, py_state, np_state = state
+    torch.set_rng_state(torch_state)
+    random.setstate(py_state)
+    if np_state is not None:
+        import numpy as np
+
+        np.random.set_state(np_state)
