@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up .venv first (scripts/setup.sh).
-.PHONY: setup test start bench
+.PHONY: setup test start cli-demo bench bench-setup paper-runs
 
 setup:
 	@bash scripts/setup.sh
@@ -10,5 +10,18 @@ test: setup
 start: setup
 	@bash scripts/start.sh
 
+cli-demo: setup
+	@bash scripts/cli_demo.sh
+
 bench: setup
 	.venv/bin/python benchmarks/allocator_speed.py
+
+# Benchmarks that need torchvision / transformers get their own environment: torchvision
+# needs torch 2.14.1 here (a large build), which the test environment does not need.
+bench-setup:
+	@test -x .venv-bench/bin/python || python3 -m venv .venv-bench
+	.venv-bench/bin/pip install --quiet --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1" transformers
+	.venv-bench/bin/pip install --quiet --disable-pip-version-check -e .
+
+paper-runs: bench-setup
+	.venv-bench/bin/python benchmarks/paper_runs.py

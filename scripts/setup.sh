@@ -17,5 +17,9 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
 fi
 
+# Installing the project also builds the JupyterLab extension (labextension/) with npm.
 "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+
+# The browser the real-browser tests drive (Debian chromium; Playwright uses it directly).
+bash scripts/setup_browser.sh
 "$PY" -c "import torch, xmem_engine; print(f'xmem {xmem_engine.__version__} ready (torch {torch.__version__})')"

@@ -1,0 +1,64 @@
+"""The batch-size variable, the cell's line numbers, the progress indicator."""
+
+from __future__ import annotations
+
+import time
+import traceback
+
+import pytest
+
+from xmem_jupyter.batching import (BatchSpecError, current_batch, default_batch_values, parse_batch_values,
+                                   with_batch)
+from xmem_jupyter.cellcode import compile_cell
+
+
+def test_batch_values():
+    assert parse_batch_values("8,16,32") == [8, 16, 32]
+    assert parse_batch_values("32, 8") == [8, 32]
+    assert parse_batch_values("8:128") == [8, 16, 32, 64, 128]
+    assert parse_batch_values("8:32:8") == [8, 16, 24, 32]
+    for bad in ("", "0,8", "8:x", "64:8", "1:2:3:4", "8:16:0"):
+        with pytest.raises(BatchSpecError):
+            parse_batch_values(bad)
+    assert default_batch_values(64) == [8, 16, 32, 64, 128, 256, 512]
+    assert 3 in default_batch_values(3)
+
+
+def test_with_batch_keeps_line_numbers():
+    src = "\nimport torch\nbatch = 64  # per GPU\nx = dict(a=1,\n         b=2)\nprint(batch)\n"
+    out, assigned = with_batch(src, "batch", 128)
+    assert assigned and out.splitlines()[2] == "batch = 128  # per GPU"
+    assert out.count("\n") == src.count("\n")
+    multi, _ = with_batch("b = (1 +\n     2)\ny = b\n", "b", 5)
+    assert multi.splitlines() == ["b = (5)", "", "y = b"]  # the parentheses stay: still valid
+    assert with_batch("x = 1\n", "batch", 4) == ("x = 1\n", False)
+    assert current_batch(src, "batch", {}) == 64
+    assert current_batch("x = 1", "batch", {"batch": 12}) == 12
+    assert current_batch("x = 1", "batch", {"batch": True}) is None
+
+
+def test_iterations_keep_cell_line_numbers():
+    src = "\nn = 0\nn += 1\nraise ValueError(n)\n"
+    code = compile_cell(src, "In[42]", iterations=3)
+    ns: dict = {}
+    with pytest.raises(ValueError) as info:
+        exec(code, ns)
+    frame = traceback.extract_tb(info.value.__traceback__)[-1]
+    assert (frame.filename, frame.lineno, frame.line) == ("In[42]", 4, "raise ValueError(n)")
+    ns = {}
+    exec(compile_cell("\nn = ns_n = globals().get('ns_n', 0) + 1\n", "In[43]", iterations=3), ns)
+    assert ns["n"] == 3
+
+
+def test_progress_counts_and_hides():
+    from xmem_jupyter.progress import Progress
+
+    p = Progress()
+    assert p.layout.display == "none"
+    p.start("tracing:", lambda: 1234, period=0.05)
+    time.sleep(0.3)
+    assert p.layout.display == "" and "1,234 events" in p.label.value and "tracing:" in p.label.value
+    p.stop()
+    assert p.layout.display == "none" and p.label.value == ""
+    p.stop("interrupted")
+    assert p.label.value == "interrupted" and p.layout.display == ""

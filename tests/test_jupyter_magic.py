@@ -1,0 +1,159 @@
+"""``%%xmem`` in a real IPython shell: options, namespace semantics, errors, interrupts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+IPython = pytest.importorskip("IPython")
+from IPython.testing.globalipapp import start_ipython  # noqa: E402
+
+STEP = """
+import torch, torch.nn as nn
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(batch, 64, device="cuda")
+model(x).sum().backward()
+opt.step()
+answer = 42
+label = "done"
+sizes = [1, 2, 3]
+"""
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "xmem_jupyter")
+    return shell
+
+
+@pytest.fixture()
+def ns(ip):
+    before = set(ip.user_ns)
+    yield ip.user_ns
+    for k in set(ip.user_ns) - before:
+        ip.user_ns.pop(k, None)
+
+
+def _run(ip, text):
+    return ip.run_cell(text)
+
+
+def _no_gpu_values(ns: dict) -> None:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for k, v in ns.items():
+        if isinstance(v, torch.Tensor):
+            assert not isinstance(v, FakeTensor), k
+            assert v.device.type != "cuda", k
+
+
+def test_quiet_one_line_and_namespace(ip, ns, capsys):
+    ns["batch"] = 16
+    rng = torch.get_rng_state().clone()
+    res = _run(ip, "%%xmem --quiet --gpu a100 --gpu T4 -o est\n" + STEP)
+    assert res.success, res.error_in_exec
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("xmem: A100-SXM4-40GB: peak") and "T4" in out[0]
+    # what persists: plain values the cell assigned, and -o
+    assert ns["answer"] == 42 and ns["label"] == "done" and ns["sizes"] == [1, 2, 3]
+    assert ns["est"].gpu == "A100-SXM4-40GB" and ns["est"].fits
+    # what does not: the model, the optimizer, tensors of the virtual GPU
+    for name in ("model", "opt", "x", "_xmem_iteration"):
+        assert name not in ns, name
+    _no_gpu_values(ns)
+    assert torch.equal(rng, torch.get_rng_state())
+    assert not torch._C._is_torch_function_mode_enabled()
+
+
+def test_existing_objects_keep_their_state(ip, ns):
+    ns["batch"] = 4
+    ns["counter"] = 7
+    net = torch.nn.Linear(4, 4)
+    w = net.weight.detach().clone()
+    ns["net"] = net
+    res = _run(ip, "%%xmem --quiet\nimport torch\nnet.cuda()\ncounter = counter + 1\ny = net(torch.randn(batch, 4, device='cuda'))\n")
+    assert res.success, res.error_in_exec
+    assert ns["net"] is net and net.weight.device.type == "cpu" and torch.equal(net.weight, w)
+    assert ns["counter"] == 8  # a plain value the cell assigned
+    assert "y" not in ns
+
+
+def test_user_error_shows_cell_traceback(ip, ns, capsys):
+    res = _run(ip, "%%xmem --quiet\nx = 1\ny = undefined_name + 1\n")
+    assert not res.success and isinstance(res.error_in_exec, NameError)
+    tb = res.error_in_exec.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    assert frames[-1][0].startswith("In[") and frames[-1][1] == 3  # line 3 of the cell
+    out = capsys.readouterr()
+    assert "undefined_name + 1" in out.out + out.err
+    assert "x" not in ns or ns.get("x") != 1
+
+
+def test_keyboard_interrupt_leaves_kernel_usable(ip, ns, capsys):
+    ns["batch"] = 2
+    rng = torch.get_rng_state().clone()
+    res = _run(ip, "%%xmem --quiet\nimport torch\nkept = 5\nt = torch.randn(3, device='cuda')\nraise KeyboardInterrupt\n")
+    assert not res.success and isinstance(res.error_in_exec, KeyboardInterrupt)
+    assert "kept" not in ns and "t" not in ns
+    assert torch.equal(rng, torch.get_rng_state())
+    assert not torch._C._is_torch_function_mode_enabled()
+    assert not torch.cuda.is_available() or torch.cuda.device_count() >= 0  # torch.cuda answers normally
+    # the kernel still works, plain and under xmem
+    assert _run(ip, "import torch\nz = torch.ones(2).sum().item()").success and ns["z"] == 2.0
+    res = _run(ip, "%%xmem --quiet\n" + STEP)
+    assert res.success and ns["answer"] == 42
+    assert not isinstance(torch.randn(1), torch._subclasses.fake_tensor.FakeTensor)
+
+
+def test_line_magic(ip, ns, capsys):
+    ns["torch"] = torch
+    res = _run(ip, "%xmem --quiet --gpu t4 torch.randn(1024, 1024, device='cuda').sum()")
+    assert res.success, res.error_in_exec
+    assert capsys.readouterr().out.startswith("xmem: T4: peak")
+
+
+def test_usage_errors(ip, ns, capsys):
+    for line, words in [("%%xmem --gpu no-such-gpu\nx = 1", "no-such-gpu"),
+                        ("%%xmem --max-batch\nx = 1", "--batch-var"),
+                        ("%%xmem --batch-var bs\nx = 1", "bs"),
+                        ("%%xmem --batch-var bs --batch-values 8:x\nbs = 8", "batch-values"),
+                        ("%%xmem --alloc-conf nonsense_option:1\nx = 1", "alloc-conf")]:
+        res = _run(ip, line)
+        assert not res.success, line
+        captured = capsys.readouterr()
+        assert words in captured.out + captured.err, (line, captured)
+
+
+def test_config_and_environment_default_gpu(ip, ns, capsys, monkeypatch):
+    monkeypatch.setenv("XMEM_GPU", "T4")
+    assert _run(ip, "%%xmem --quiet\nimport torch\na = torch.zeros(10, device='cuda')").success
+    assert capsys.readouterr().out.startswith("xmem: T4:")
+    _run(ip, "%xmem_config --gpu h100")
+    assert "H100-SXM-80GB" in capsys.readouterr().out
+    assert _run(ip, "%%xmem --quiet\nimport torch\na = torch.zeros(10, device='cuda')").success
+    assert capsys.readouterr().out.startswith("xmem: H100-SXM-80GB:")
+    _run(ip, "%xmem_config --reset")
+    capsys.readouterr()
+
+
+def test_iterations_and_max_batch(ip, ns, capsys):
+    res = _run(ip, "%%xmem --quiet --iterations 3 -o est3\nimport torch\nbatch = 8\n"
+                   "t = torch.randn(batch, 1 << 18, device='cuda')\n")
+    assert res.success, res.error_in_exec
+    assert ns["est3"].n_events >= 3 and "_xmem_iteration" not in ns
+    res = _run(ip, "%%xmem --quiet --gpu T4 --batch-var batch --max-batch\nimport torch\nbatch = 64\n"
+                   "t = torch.empty(batch, 64, 1 << 20, device='cuda')\n")  # 256 MiB per sample
+    assert res.success, res.error_in_exec
+    out = capsys.readouterr().out
+    largest = int(out.strip().rsplit(":", 1)[1])
+    assert 40 <= largest <= 60, out  # 14.5 GiB usable minus the context: ~55 samples
+
+
+def test_help_has_examples(ip):
+    doc = ip.find_cell_magic("xmem").__doc__
+    assert "%%xmem --gpu" in doc and "--batch-var" in doc and "What persists" in doc

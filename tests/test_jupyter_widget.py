@@ -1,0 +1,147 @@
+"""The widget and the static report, driven from Python (no browser)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("jupyter_bokeh")
+
+from xmem_engine.estimate import REPORT_MIME  # noqa: E402
+from xmem_jupyter.bokeh_loader import bokeh_loader  # noqa: E402
+from xmem_jupyter.report import report_bundle, summary_html  # noqa: E402
+from xmem_jupyter.session import Session, with_expandable  # noqa: E402
+from xmem_jupyter.widget import XmemWidget  # noqa: E402
+
+CELL = """
+import torch, torch.nn as nn
+batch = 32
+model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512)).cuda()
+opt = torch.optim.Adam(model.parameters())
+for _ in range(2):
+    x = torch.randn(batch, 512, device="cuda")
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = Session(source=CELL, namespace={}, gpus=["A100-SXM4-40GB", "T4"], batch_var="batch", batch=32,
+                batch_values=[16, 32, 64], filename="In[9]")
+    s.estimate(32, "A100-SXM4-40GB")
+    return s
+
+
+def _wait(widget: XmemWidget, timeout: float = 120.0) -> None:
+    t0 = time.time()
+    time.sleep(0.05)
+    while not widget._busy.acquire(blocking=False):
+        assert time.time() - t0 < timeout, "background work did not finish"
+        time.sleep(0.05)
+    widget._busy.release()
+
+
+def test_gpu_switch_resimulates_fast_and_updates_everything(session):
+    est = session.estimate(32, "A100-SXM4-40GB")
+    seen = []
+    w = XmemWidget(est, session=session, on_change=seen.append)
+    assert "A100" in w.headline.value and "fits" in w.headline.value
+    assert "Tesla T4" in w.compare.value  # --gpu given twice: a comparison table
+    bundle_before = json.dumps(w.bokeh.render_bundle)
+    sent, states = [], []
+    w.bokeh.send = lambda content, buffers=None: sent.append(content)  # what goes to the browser
+    w.bokeh.send_state = lambda key=None: states.append(key)
+    t0 = time.perf_counter()
+    w.gpu_dropdown.value = "H100-SXM-80GB"
+    took = time.perf_counter() - t0
+    assert w.est.gpu == "H100-SXM-80GB" and "H100" in w.headline.value
+    assert seen and seen[-1].gpu == "H100-SXM-80GB"
+    assert w.last_switch.simulate_s < 0.2, w.last_switch  # re-simulation, no re-tracing
+    assert took < 1.0
+    assert w.last_switch.update_s < 0.2, w.last_switch  # patches, not a whole new document
+    assert any(m.get("msg") == "patch" for m in sent)
+    assert json.dumps(w.bokeh.render_bundle) == bundle_before
+    # a moment later the kernel's copy follows, quietly (a reloaded page draws this one)
+    w._refresh.join(5)
+    assert json.dumps(w.bokeh.render_bundle) != bundle_before
+    from xmem_jupyter.charts import timeline_title
+    from xmem_jupyter.timeline import build_timeline
+
+    h100_title = timeline_title(build_timeline(w.est, w.flame.scale, w.flame.x_end))
+    assert h100_title in json.dumps(w.bokeh.render_bundle) and h100_title not in bundle_before
+    assert not states  # nothing re-sent to the browser
+    assert len(session.traces) == 1
+
+
+def test_expandable_toggle_reports_what_it_saves(session):
+    w = XmemWidget(session.estimate(32, "A100-SXM4-40GB"), session=session)
+    w.expandable.value = True
+    assert "expandable_segments:True" in w.conf and w.est.alloc_conf == w.conf
+    assert "expandable segments" in w.conf_note.value and ("saves" in w.conf_note.value or "costs" in w.conf_note.value)
+    w.expandable.value = False
+    assert "expandable" not in w.conf
+    assert with_expandable("max_split_size_mb:128,expandable_segments:True", False) == "max_split_size_mb:128"
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["main-thread", "threaded"])
+def test_batch_slider_retraces_and_caches(session, threaded):
+    session.traces.pop(64, None)
+    session.estimates = {k: v for k, v in session.estimates.items() if k[0] != 64}
+    w = XmemWidget(session.estimate(32, "A100-SXM4-40GB"), session=session, threaded=threaded)
+    assert w.batch_slider is not None and list(w.batch_slider.options) == [16, 32, 64]
+    peak32 = w.est.peak_allocated_bytes
+    ns_before = dict(session.namespace)  # the first trace's plain values (batch, _)
+    w.batch_slider.value = 64
+    _wait(w)
+    assert w.batch == 64 and w.est.peak_allocated_bytes > peak32
+    assert w.charts.flame_source.data["right"].max() == w.flame.x_end  # redrawn for the new trace
+    assert 64 in session.traces
+    t0 = time.perf_counter()
+    w.batch_slider.value = 32  # cached: no trace
+    assert time.perf_counter() - t0 < 2.0 and w.est.peak_allocated_bytes == peak32
+    assert session.namespace == ns_before == {"batch": 32, "_": 1}  # the slider never writes to the user's namespace
+
+
+def test_largest_batch_readout():
+    # 256 MiB a sample: the answer (about 55 on a T4) is a few cheap traces away
+    big = Session(source="import torch\nbatch = 32\nt = torch.empty(batch, 64, 1 << 20, device='cuda')\n",
+                  namespace={}, gpus=["T4"], batch_var="batch", batch=32, batch_values=[32, 64])
+    w = XmemWidget(big.estimate(32, "T4"), session=big)
+    w._on_find()
+    _wait(w, 300)
+    assert "largest batch that fits T4" in w.largest.value
+    assert 40 <= big.largest[("T4", "")] <= 60
+    assert f">{big.largest[('T4', '')]}<" in w.largest.value
+
+
+def test_report_escapes_user_strings_and_carries_the_mime(session):
+    est = session.estimate(32, "A100-SXM4-40GB")
+    evil = dataclasses.replace(est, breakdown_by_module={"<img src=x onerror=alert(1)>": 1024},
+                               top_tensors=[{**est.top_tensors[0], "module": "<script>bad()</script>"}])
+    html = summary_html(evil)
+    assert "<script>" not in html and "<img src=x" not in html and "&lt;script&gt;" in html
+    bundle = report_bundle(est)
+    assert set(bundle) == {REPORT_MIME, "text/html", "text/plain"}
+    assert bundle[REPORT_MIME]["gpu"] == "A100-SXM4-40GB"
+    schema = Path(__file__).resolve().parents[1] / "xmem_engine" / "data" / "report.schema.json"
+    if schema.exists():
+        jsonschema = pytest.importorskip("jsonschema")
+        jsonschema.validate(bundle[REPORT_MIME], json.loads(schema.read_text()))
+    json.dumps(bundle)  # JSON-ready
+
+
+def test_bokehjs_loader_is_inline_and_shared():
+    out = bokeh_loader()
+    assert out is bokeh_loader()
+    assert len(out.outputs) == 1
+    data = out.outputs[0]["data"]
+    assert list(data) == ["application/javascript"]  # once, not twice (see bokeh_loader)
+    js = data["application/javascript"]
+    assert "cdn.bokeh.org" not in js[:5000] and len(js) > 1_000_000  # BokehJS itself, inline

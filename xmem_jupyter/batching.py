@@ -1,0 +1,105 @@
+"""The batch-size variable: its values, and the cell re-written for another value.
+
+``--batch-var VAR`` names a variable that holds the batch size, either assigned in the cell
+(``batch = 64``) or taken from the namespace. Another batch size means running the cell
+again with that value: a top-level assignment of VAR in the cell has its right-hand side
+replaced in the source text, in place, so every other line keeps its number (tracebacks and
+"source line" in the flame chart stay right); otherwise VAR is set in the copy of the
+namespace the cell runs in.
+"""
+
+from __future__ import annotations
+
+import ast
+
+
+class BatchSpecError(ValueError):
+    """A ``--batch-values`` that cannot be read."""
+
+
+def parse_batch_values(spec: str) -> list[int]:
+    """``"8,16,32"`` (a list), ``"8:128"`` (powers of two from 8 to 128) or ``"8:64:8"``
+    (8 to 64 in steps of 8, both ends included)."""
+    spec = spec.strip()
+    try:
+        if ":" in spec:
+            parts = [int(p) for p in spec.split(":")]
+            if len(parts) == 2:
+                lo, hi = parts
+                if lo < 1 or hi < lo:
+                    raise BatchSpecError(f"--batch-values {spec!r}: need 1 <= start <= stop")
+                out, v = [], lo
+                while v <= hi:
+                    out.append(v)
+                    v *= 2
+                return out
+            if len(parts) == 3:
+                lo, hi, step = parts
+                if lo < 1 or hi < lo or step < 1:
+                    raise BatchSpecError(f"--batch-values {spec!r}: need 1 <= start <= stop and step >= 1")
+                return list(range(lo, hi + 1, step))
+            raise BatchSpecError(f"--batch-values {spec!r}: use START:STOP or START:STOP:STEP")
+        values = sorted({int(p) for p in spec.replace(" ", ",").split(",") if p})
+    except ValueError as e:
+        if isinstance(e, BatchSpecError):
+            raise
+        raise BatchSpecError(f"--batch-values {spec!r}: expected integers like 8,16,32 or 8:128 or 8:64:8") from None
+    if not values or values[0] < 1:
+        raise BatchSpecError(f"--batch-values {spec!r}: batch sizes must be positive integers")
+    return values
+
+
+def default_batch_values(current: int) -> list[int]:
+    """Powers of two from current/8 to current*8, with the current value itself."""
+    vals = {current}
+    v = 1
+    while v <= current * 8:
+        if v >= max(1, current // 8):
+            vals.add(v)
+        v *= 2
+    return sorted(vals)
+
+
+def _assignment(tree: ast.Module, var: str) -> ast.Assign | ast.AnnAssign | None:
+    found = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == var for t in node.targets) \
+                and len(node.targets) == 1:
+            found = found or node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == var \
+                and node.value is not None:
+            found = found or node
+    return found
+
+
+def current_batch(source: str, var: str, namespace: dict) -> int | None:
+    """The batch size the cell uses now: its literal assignment, else the namespace's value."""
+    try:
+        node = _assignment(ast.parse(source), var)
+    except SyntaxError:
+        node = None
+    if node is not None and isinstance(node.value, ast.Constant) and isinstance(node.value.value, int):
+        return int(node.value.value)
+    value = namespace.get(var)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def with_batch(source: str, var: str, value: int) -> tuple[str, bool]:
+    """The cell with its first top-level ``var = ...`` set to ``value``; False when the
+    cell does not assign ``var`` (the caller then sets it in the namespace)."""
+    node = _assignment(ast.parse(source), var)
+    if node is None:
+        return source, False
+    v = node.value
+    lines = source.splitlines(True)
+    first, last = v.lineno - 1, v.end_lineno - 1
+    head = lines[first][:_col(lines[first], v.col_offset)]
+    tail = lines[last][_col(lines[last], v.end_col_offset):]
+    # keep the line count: the value's other lines (if it spans several) become blank
+    new = [head + repr(int(value)) + tail] + ["\n"] * (last - first)
+    return "".join(lines[:first] + new + lines[last + 1:]), True
+
+
+def _col(line: str, byte_offset: int) -> int:
+    """ast column offsets count UTF-8 bytes; str slicing counts characters."""
+    return len(line.encode("utf-8")[:byte_offset].decode("utf-8", errors="ignore"))

@@ -1,0 +1,123 @@
+"""The Bokeh figures: the tensor-lifetime flame chart above the memory timeline.
+
+Both share one x range (zoom or pan one, the other follows), so they live in one Bokeh
+layout inside one ``jupyter_bokeh.BokehModel``. Updates (GPU switch, allocator toggle) change
+the data sources in place; :class:`Charts` keeps the models it changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bokeh.layouts import column
+from bokeh.models import (BoxAnnotation, ColumnDataSource, HoverTool, Label, Legend, LegendItem, Range1d,
+                          Span, Title)
+from bokeh.plotting import figure
+from bokeh.transform import linear_cmap
+
+from xmem_jupyter.flame import CATEGORY_COLORS, CATEGORY_ORDER, DRAWN, FlameData
+from xmem_jupyter.timeline import TimelineData
+
+PHASE_COLORS = {"forward": "#2ca02c", "backward": "#ff7f0e", "optimizer": "#9467bd", "other": "#ffffff"}
+FLAME_TOOLTIPS = "<div style='font-size:11px;max-width:30em'>@tip{safe}</div>"
+
+
+@dataclass
+class Charts:
+    """The layout and the models an update touches."""
+
+    layout: object
+    flame_source: ColumnDataSource
+    line_source: ColumnDataSource
+    capacity: Span
+    limit: Span
+    peak_flame: Span
+    peak_line: Span
+    timeline_fig: object
+
+    def update_timeline(self, tl: TimelineData) -> None:
+        """New allocated/reserved lines and limits (a GPU or allocator change)."""
+        self.line_source.data = tl.columns
+        self.capacity.location = tl.capacity
+        self.limit.location = tl.allocator_limit
+        self.peak_line.location = tl.peak_x
+        self.peak_flame.location = tl.peak_x
+        self.timeline_fig.y_range.end = y_top(tl)
+        self.timeline_fig.title.text = timeline_title(tl)
+
+    def update_flame(self, fl: FlameData) -> None:
+        self.flame_source.data = {c: fl.columns[c] for c in DRAWN}
+
+
+def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
+    """Flame chart (tensors as bars, coloured by category) over the timeline, x linked."""
+    x_range = Range1d(0, fl.x_end, bounds=(0, fl.x_end))
+    tools = "xpan,xwheel_zoom,box_zoom,reset,save"
+    flame = figure(height=340, width=width, x_range=x_range, tools=tools, active_scroll="xwheel_zoom",
+                   title=f"Tensor lifetimes: {fl.n_tensors:,} tensors; height = live memory",
+                   y_axis_label=f"live memory ({fl.unit})", toolbar_location="above")
+    flame.xaxis.visible = False
+    flame.add_layout(Title(text="shading: forward (green), backward (orange), optimizer (purple); dotted: "
+                                "iterations; dashed red: the peak; hover a bar for the tensor",
+                           text_font_style="normal", text_font_size="8pt", text_color="#555"), "above")
+    _phases(flame, tl)
+    src = ColumnDataSource({c: fl.columns[c] for c in DRAWN})
+    quads = flame.quad(left="left", right="right", bottom="bottom", top="top", source=src, fill_color=linear_cmap("cat", [CATEGORY_COLORS[c] for c in CATEGORY_ORDER], 0, len(CATEGORY_ORDER) - 1),
+                       line_color=None, fill_alpha=0.85, hover_fill_alpha=1.0, hover_line_color="black")
+    flame.add_tools(HoverTool(renderers=[quads], tooltips=FLAME_TOOLTIPS))
+    present = sorted(set(fl.columns["category"]), key=CATEGORY_ORDER.index)
+    legend_src = [flame.scatter(x=[0], y=[0], marker="square", size=0, color=CATEGORY_COLORS[c]) for c in present]
+    flame.add_layout(Legend(items=[LegendItem(label=c, renderers=[r]) for c, r in zip(present, legend_src)],
+                            location="top_left", orientation="horizontal", label_text_font_size="8pt",
+                            background_fill_alpha=0.6), "above")
+    peak_flame = Span(location=tl.peak_x, dimension="height", line_color="#cf222e", line_width=2,
+                      line_dash="dashed")
+    flame.add_layout(peak_flame)
+    flame.add_layout(Label(x=fl.peak_x, y=fl.peak_bytes / fl.scale, text="peak", text_color="#cf222e",
+                           text_font_size="9pt", x_offset=4, y_offset=-12))
+
+    line = figure(height=200, width=width, x_range=x_range, tools=tools, active_scroll="xwheel_zoom",
+                  title="Allocator memory over the step", y_axis_label=fl.unit,
+                  x_axis_label="event (allocations and frees, in program order)", toolbar_location=None)
+    _phases(line, tl)
+    lsrc = ColumnDataSource(tl.columns)
+    line.step("x", "reserved", source=lsrc, mode="after", color="#80b3ff", line_width=2, legend_label="reserved")
+    line.step("x", "allocated", source=lsrc, mode="after", color="#0969da", line_width=2, legend_label="allocated")
+    capacity = Span(location=tl.capacity, dimension="width", line_color="#cf222e", line_width=2)
+    limit = Span(location=tl.allocator_limit, dimension="width", line_color="#cf222e", line_dash="dotted")
+    peak_line = Span(location=tl.peak_x, dimension="height", line_color="#cf222e", line_dash="dashed")
+    for s in (capacity, limit, peak_line):
+        line.add_layout(s)
+    line.y_range.start = 0
+    line.y_range.end = y_top(tl)
+    line.title.text = timeline_title(tl)
+    line.legend.location = "top_left"
+    line.legend.label_text_font_size = "8pt"
+    line.legend.background_fill_alpha = 0.6
+    line.add_tools(HoverTool(tooltips=[("event", "@x"), ("allocated", "@allocated{0.00}"),
+                                       ("reserved", "@reserved{0.00}")], mode="vline"))
+    return Charts(column(flame, line), src, lsrc, capacity, limit, peak_flame, peak_line, line)
+
+
+def y_top(tl: TimelineData) -> float:
+    """Show the capacity line when the peak is within reach of it; otherwise zoom to the data
+    (a 1 GiB step drawn under an 80 GiB line is a flat line)."""
+    peak = max(tl.columns["reserved"], default=0.0)
+    return tl.capacity * 1.05 if peak * 2.0 >= tl.capacity or peak <= 0 else peak * 1.25
+
+
+def timeline_title(tl: TimelineData) -> str:
+    shown = y_top(tl) >= tl.capacity
+    unit = tl.unit
+    cap = f"capacity {tl.capacity:,.2f} {unit}" + ("" if shown else " (above the chart)")
+    return f"Allocator memory over the step; {cap}; red dotted: what the allocator may reserve"
+
+
+def _phases(fig: object, tl: TimelineData) -> None:
+    """Shade forward / backward / optimizer; a dashed line where each iteration starts."""
+    for x0, x1, name in tl.phases:
+        if name in ("forward", "backward", "optimizer"):
+            fig.add_layout(BoxAnnotation(left=x0, right=x1, fill_color=PHASE_COLORS[name], fill_alpha=0.07,
+                                         line_alpha=0))
+    for k, x in enumerate(tl.iterations):
+        fig.add_layout(Span(location=x, dimension="height", line_color="#444", line_dash="dotted", line_width=1))

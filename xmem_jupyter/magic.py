@@ -1,0 +1,241 @@
+"""``%%xmem`` / ``%xmem`` / ``%xmem_config``: the IPython magics.
+
+The magic runs the cell with the tracer (the cell's ``cuda`` is a virtual device on the CPU),
+shows a progress indicator while it does, and displays two outputs: the interactive widget
+and, separately, a static report (``application/vnd.xmem.report+json`` with an HTML summary)
+that a saved notebook still shows without a kernel. The static report follows the widget:
+when the GPU or batch size changes there, it is updated in place (``update_display``).
+"""
+
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from xmem_engine.gpus import UnknownGPUError, get_gpu, load_catalog
+
+from xmem_jupyter.batching import BatchSpecError, current_batch, default_batch_values, parse_batch_values
+from xmem_jupyter.cellcode import cell_filename
+from xmem_jupyter.config import Config
+from xmem_jupyter.progress import Progress, TracerProbe
+from xmem_jupyter.report import one_line, report_bundle
+from xmem_jupyter.session import Session
+
+MODES = ("auto", "fake", "real")
+
+
+def _hide_internal_frames(e: BaseException, filename: str) -> BaseException:
+    """Start the traceback at the user's cell, not in xmem or IPython."""
+    tb = e.__traceback__
+    t = tb
+    while t is not None and t.tb_frame.f_code.co_filename != filename:
+        t = t.tb_next
+    if t is not None:
+        e.__traceback__ = t
+    return e
+
+
+@magics_class
+class XmemMagics(Magics):
+    """Holds the notebook's defaults (``%xmem_config``)."""
+
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell, **kwargs)
+        self.config_defaults = Config()
+
+    # ------------------------------------------------------------------ %%xmem
+    @magic_arguments()
+    @argument("--gpu", "-g", action="append", metavar="NAME",
+              help="target GPU (catalog name, forgiving: a100, 'H100 80GB', T4). Repeat to compare GPUs; "
+                   "the first is the one shown. Default: %%xmem_config --gpu, else $XMEM_GPU, else A100-SXM4-40GB.")
+    @argument("--batch-var", "-b", metavar="VAR",
+              help="variable (assigned in the cell, or in the namespace) that holds the batch size: "
+                   "adds a batch-size slider")
+    @argument("--batch-values", metavar="LIST|RANGE",
+              help="slider values: 8,16,32 | 8:128 (powers of two) | 8:64:8 (step). Default: powers of "
+                   "two from VAR/8 to VAR*8")
+    @argument("--iterations", "-n", type=int, default=1, metavar="N",
+              help="run the cell N times (a cell that is one training step: later runs see optimizer "
+                   "state and a warm allocator cache)")
+    @argument("--mode", choices=MODES, default=None,
+              help="fake: shapes only (fast, no memory); real: real CPU tensors; auto (default): fake, "
+                   "falling back to real when the code needs tensor values")
+    @argument("--alloc-conf", metavar="STR", default=None,
+              help="PYTORCH_CUDA_ALLOC_CONF of the target run, e.g. 'expandable_segments:True'")
+    @argument("-o", "--output", metavar="NAME", help="store the Estimate object in this variable")
+    @argument("--quiet", "-q", action="store_true", help="no widget: print one line")
+    @argument("--max-batch", action="store_true",
+              help="search the largest batch size that fits each GPU (needs --batch-var)")
+    @argument("statement", nargs="*", help="(line magic) the statement or call to estimate")
+    @line_cell_magic
+    def xmem(self, line: str, cell: str | None = None):
+        """Estimate the GPU memory of a PyTorch training step, by running it on the CPU.
+
+        The cell runs unchanged: ``.cuda()``, ``device="cuda"`` and ``torch.cuda.*`` address a
+        virtual GPU, so no GPU is needed. The result shows the peak memory on the chosen GPU
+        against its capacity, what it is made of, a tensor-lifetime flame chart and the
+        allocator's memory over the step, with controls to switch GPU (no re-tracing), try
+        expandable segments, and move the batch size.
+
+        Examples::
+
+            %load_ext xmem_jupyter
+
+            %%xmem --gpu A100-40GB --gpu T4
+            model = torch.nn.Linear(4096, 4096).cuda()
+            opt = torch.optim.AdamW(model.parameters())
+            x = torch.randn(64, 4096, device="cuda")
+            model(x).sum().backward()
+            opt.step()
+
+            %%xmem --batch-var batch --batch-values 16:256 --max-batch -o est
+            batch = 64
+            ...
+
+            %xmem --quiet train_step(model, x)      # line magic: one statement
+            %xmem_config --gpu h100                 # the notebook's default GPU
+
+        What persists in the namespace afterwards: plain Python values the cell assigned
+        (numbers, strings, bools, None, and lists / tuples / dicts / sets of them) and the
+        ``-o`` variable. Tensors, modules, optimizers, functions, classes and imports the cell
+        made do not: they would hold virtual-GPU (fake) tensors (import and define things in
+        a plain cell before). Variables that existed before keep their objects and state (a
+        ``model.cuda()`` in the cell does not move your model), and the random-number
+        generators are as they were.
+
+        Errors in the cell show the cell's traceback with its line numbers; interrupting the
+        kernel stops tracing and leaves the namespace unchanged.
+        """
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
+        args = parse_argstring(self.xmem, line)
+        if cell is None:
+            source = " ".join(args.statement)
+            if not source.strip():
+                raise UsageError("%xmem needs a statement, e.g. %xmem train_step(model, batch); "
+                                 "or use %%xmem as a cell magic")
+        else:
+            if args.statement:
+                raise UsageError(f"%%xmem: unexpected arguments {' '.join(args.statement)!r}; "
+                                 "see %%xmem? for the options")
+            source = "\n" + cell  # line numbers as in the cell (line 1 is the %%xmem line)
+        return self._run(args, source)
+
+    def _gpus(self, names: list[str] | None) -> list[str]:
+        catalog = load_catalog()
+        out = []
+        for name in names or self.config_defaults.default_gpus():
+            try:
+                out.append(get_gpu(name, catalog).key)
+            except UnknownGPUError as e:
+                raise UsageError(str(e)) from None
+        return list(dict.fromkeys(out))
+
+    def _run(self, args, source: str):
+        __tracebackhide__ = True  # noqa: F841
+        ns = self.shell.user_ns
+        cfg = self.config_defaults
+        gpus = self._gpus(args.gpu)
+        if args.iterations < 1:
+            raise UsageError("--iterations must be at least 1")
+        session = Session(source=source, namespace=ns, gpus=gpus, mode=args.mode or cfg.default_mode(),
+                          alloc_conf=cfg.default_alloc_conf() if args.alloc_conf is None else args.alloc_conf,
+                          filename=cell_filename(self.shell.execution_count), iterations=args.iterations)
+        try:
+            from xmem_engine.alloc_conf import parse_alloc_conf
+
+            parse_alloc_conf(session.alloc_conf)
+        except Exception as e:  # the allocator's own error text says what is wrong
+            raise UsageError(f"--alloc-conf: {e}") from None
+        if args.max_batch and not args.batch_var:
+            raise UsageError("--max-batch needs --batch-var VAR (the variable that holds the batch size)")
+        if args.batch_var:
+            current = current_batch(source, args.batch_var, ns)
+            if current is None:
+                raise UsageError(f"--batch-var {args.batch_var}: the cell does not assign it an integer "
+                                 f"literal (e.g. {args.batch_var} = 32) and the namespace has no integer "
+                                 f"{args.batch_var}")
+            try:
+                values = parse_batch_values(args.batch_values) if args.batch_values \
+                    else default_batch_values(current)
+            except BatchSpecError as e:
+                raise UsageError(str(e)) from None
+            session.batch_var, session.batch = args.batch_var, current
+            session.batch_values = sorted(set(values) | {current})
+
+        had_loop_var = "_xmem_iteration" in ns
+        progress = None if args.quiet else Progress()
+        handle = display(progress, display_id=True) if progress is not None else None
+        probe = TracerProbe()
+        largest: dict[str, int] = {}
+        try:
+            if progress is not None:
+                progress.start("tracing on the CPU:", probe)
+            try:
+                est = session.estimate(session.batch, gpus[0], setup=(probe.setup,))
+                others = [session.estimate(session.batch, g) for g in gpus[1:]]
+                if args.max_batch:
+                    for g in gpus:
+                        if progress is not None:
+                            progress.start(f"searching the largest {args.batch_var} for {g}:")
+                        largest[g] = session.largest_batch(g)
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt("xmem: tracing interrupted; the namespace is as it was") from None
+            except Exception as e:
+                raise _hide_internal_frames(e, session.filename) from None
+            finally:
+                if not had_loop_var:
+                    ns.pop("_xmem_iteration", None)
+        finally:
+            if progress is not None:
+                progress.stop()
+                handle.update({"text/plain": ""}, raw=True)
+                progress.close()
+        if args.output:
+            ns[args.output] = est
+        if args.quiet:
+            extra = "".join(f" | largest {args.batch_var} on {g}: {b}" for g, b in largest.items())
+            print(one_line(est, others) + extra)
+            return None
+
+        from xmem_jupyter.widget import XmemWidget
+
+        widget = XmemWidget(est, session=session, gpus=gpus)
+        display(widget)
+        report = display(report_bundle(est, others, largest), raw=True, display_id=True)
+
+        def follow(new_est) -> None:
+            rest = [session.estimate(widget.batch, g, widget.conf) for g in gpus if g != new_est.gpu]
+            found = {g: b for (g, c), b in session.largest.items() if c == widget.conf}
+            report.update(report_bundle(new_est, rest, found), raw=True)
+
+        widget.on_change = follow
+        return None
+
+    # ------------------------------------------------------------------ %xmem_config
+    @magic_arguments()
+    @argument("--gpu", "-g", action="append", metavar="NAME", help="default GPU(s) for %%xmem in this notebook")
+    @argument("--mode", choices=MODES, help="default trace mode")
+    @argument("--alloc-conf", metavar="STR", help="default PYTORCH_CUDA_ALLOC_CONF of the target run")
+    @argument("--reset", action="store_true", help="back to the environment's / built-in defaults")
+    @line_magic
+    def xmem_config(self, line: str):
+        """Set the notebook's defaults for %%xmem; without options, print them.
+
+        Example: ``%xmem_config --gpu H100 --alloc-conf expandable_segments:True``.
+        The environment can set them too: ``XMEM_GPU`` (comma-separated), ``XMEM_MODE``,
+        ``PYTORCH_CUDA_ALLOC_CONF``.
+        """
+        args = parse_argstring(self.xmem_config, line)
+        cfg = self.config_defaults
+        if args.reset:
+            self.config_defaults = cfg = Config()
+        if args.gpu:
+            cfg.gpus = self._gpus(args.gpu)
+        if args.mode:
+            cfg.mode = args.mode
+        if args.alloc_conf is not None:
+            cfg.alloc_conf = args.alloc_conf
+        print(cfg.describe())
+

@@ -1,0 +1,127 @@
+"""The static result: an HTML summary and the ``application/vnd.xmem.report+json`` bundle.
+
+It is a display output of its own, next to the widget, because a saved widget whose kernel
+is gone renders as "model not found" and never falls back to another MIME type: this output
+is what a reader of the saved notebook (or of GitHub's rendering) sees. Every string that
+comes from the user's code (module names, ops, source lines) goes through ``html.escape``.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Iterable
+
+from xmem_engine.estimate import REPORT_MIME, Estimate
+
+from xmem_jupyter.flame import CATEGORY_COLORS, human, source_labeler
+
+STYLE = ("font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13px;"
+         "line-height:1.45;max-width:60em")
+
+
+def verdict_html(est: Estimate) -> str:
+    """The headline: peak device memory against the GPU's capacity, and what it is made of."""
+    ok = est.fits
+    colour = "#1a7f37" if ok else "#cf222e"
+    word = "fits" if ok else "does not fit"
+    head = (f"headroom {human(est.headroom_bytes)}" if est.headroom_bytes >= 0
+            else f"short by {human(-est.headroom_bytes)}")
+    cached = max(0, est.reserved_at_peak_bytes - est.peak_allocated_bytes)
+    pct = 100.0 * est.peak_device_bytes / est.capacity_bytes if est.capacity_bytes else 0.0
+    bar = _bar([("CUDA context", est.context_bytes, "#6e7781"),
+                ("libraries", est.outside_allocator_bytes, "#a0a0a0"),
+                ("allocated", est.peak_allocated_bytes, "#0969da"),
+                ("reserved, unused", max(0, est.peak_reserved_bytes - est.peak_allocated_bytes), "#80b3ff")],
+               est.capacity_bytes)
+    oom = ("<div style='color:#cf222e'>the simulated run runs out of memory before it finishes</div>"
+           if est.oom else "")
+    return (
+        f"<div class='xmem-headline' style='{STYLE}'>"
+        f"<div style='font-size:16px'><b>{escape(est.gpu_name)}</b>: peak "
+        f"<b class='xmem-peak'>{human(est.peak_device_bytes)}</b> of {human(est.capacity_bytes)} "
+        f"({pct:.1f}%) &mdash; <b style='color:{colour}' class='xmem-verdict'>{word}</b>, {head}</div>"
+        f"{bar}{oom}"
+        f"<div>CUDA context {human(est.context_bytes)} + libraries {human(est.outside_allocator_bytes)} + "
+        f"allocator reserved {human(est.peak_reserved_bytes)} (allocated {human(est.peak_allocated_bytes)} "
+        f"at the peak; {human(cached)} of the reserved memory is cached but unused then: fragmentation "
+        f"and cache)</div></div>"
+    )
+
+
+def _bar(parts: list[tuple[str, int, str]], total: int) -> str:
+    cells = "".join(
+        f"<div title='{escape(name)}: {human(v)}' style='width:{100.0 * v / total:.3f}%;background:{c}'></div>"
+        for name, v, c in parts if total and v > 0)
+    return (f"<div style='display:flex;height:12px;border:1px solid #888;border-radius:3px;overflow:hidden;"
+            f"margin:4px 0;max-width:40em'>{cells}</div>")
+
+
+def breakdown_html(est: Estimate, top: int = 8) -> str:
+    """Categories, modules and tensors live at the peak."""
+    label = source_labeler()
+    td = "<td style='white-space:nowrap;padding:0 .5em'>"
+    rows = "".join(
+        f"<tr><td><span style='color:{CATEGORY_COLORS.get(k, '#888')}'>&#9632;</span> {escape(k)}</td>"
+        f"<td style='text-align:right'>{human(v)}</td></tr>" for k, v in est.breakdown.items())
+    mods = "".join(f"<tr><td><code>{escape(k)}</code></td><td style='text-align:right'>{human(v)}</td></tr>"
+                   for k, v in list(est.breakdown_by_module.items())[:top])
+    tens = "".join(
+        f"<tr>{td}{human(t['bytes'])}</td>{td}{escape(str(t.get('category', '')))}</td>"
+        f"{td}<code>{escape(str(tuple(t.get('shape', ()))))}</code> {escape(str(t.get('dtype', '')))}</td>"
+        f"{td}<code>{escape(str(t.get('module', '')))}</code></td>{td}{escape(str(t.get('op', '')))}</td>"
+        f"{td}{escape(label(str(t.get('source', ''))))}</td></tr>" for t in est.top_tensors[:top])
+    return (
+        f"<div style='{STYLE};display:flex;gap:2em;flex-wrap:wrap'>"
+        f"<table><caption style='text-align:left'><b>At the peak</b></caption>{rows}</table>"
+        f"<table><caption style='text-align:left'><b>Top modules</b></caption>{mods}</table>"
+        f"<table><caption style='text-align:left'><b>Largest tensors live at the peak</b></caption>"
+        f"<tr><th>size</th><th>category</th><th>shape</th><th>module</th><th>op</th><th>line</th></tr>"
+        f"{tens}</table></div>"
+    )
+
+
+def compare_html(ests: Iterable[Estimate]) -> str:
+    """One row per GPU: does it fit?"""
+    rows = "".join(
+        f"<tr><td>{escape(e.gpu_name)}</td><td style='text-align:right'>{human(e.peak_device_bytes)}</td>"
+        f"<td style='text-align:right'>{human(e.capacity_bytes)}</td>"
+        f"<td style='color:{'#1a7f37' if e.fits else '#cf222e'}'>{'fits' if e.fits else 'does not fit'}</td></tr>"
+        for e in ests)
+    return (f"<table style='{STYLE}'><tr><th>GPU</th><th>peak</th><th>capacity</th><th></th></tr>{rows}</table>")
+
+
+def summary_html(est: Estimate, others: Iterable[Estimate] = (), max_batch: dict[str, int] | None = None) -> str:
+    """The text/html of the static output."""
+    others = list(others)
+    parts = [verdict_html(est)]
+    if others:
+        parts.append(compare_html([est, *others]))
+    if max_batch:
+        items = ", ".join(f"{escape(g)}: {b}" for g, b in max_batch.items())
+        parts.append(f"<div style='{STYLE}'>largest batch that fits: {items}</div>")
+    # folded: under a live widget it repeats what the widget shows; a saved notebook opens it
+    parts.append(f"<details style='{STYLE}'><summary>at the peak: categories, modules, largest tensors</summary>"
+                 f"{breakdown_html(est)}</details>")
+    notes = "".join(f"<li>{escape(n)}</li>" for n in est.notes)
+    if notes:
+        parts.append(f"<ul style='{STYLE}'>{notes}</ul>")
+    parts.append(f"<div style='{STYLE};color:#666'>xmem: traced in {escape(est.mode)} mode, "
+                 f"{est.n_events:,} events, {est.seconds:.1f} s; alloc conf "
+                 f"{escape(est.alloc_conf or '(default)')}</div>")
+    return "<div class='xmem-report'>" + "".join(parts) + "</div>"
+
+
+def report_bundle(est: Estimate, others: Iterable[Estimate] = (), max_batch: dict[str, int] | None = None) -> dict:
+    """The MIME bundle for ``display(..., raw=True)``."""
+    others = list(others)
+    return {REPORT_MIME: est.to_report(), "text/html": summary_html(est, others, max_batch),
+            "text/plain": one_line(est, others)}
+
+
+def one_line(est: Estimate, others: Iterable[Estimate] = ()) -> str:
+    """The ``--quiet`` output: one line, all GPUs."""
+    parts = []
+    for e in [est, *others]:
+        parts.append(f"{e.gpu}: peak {human(e.peak_device_bytes)} of {human(e.capacity_bytes)}, "
+                     f"{'fits' if e.fits else 'DOES NOT FIT'}")
+    return "xmem: " + " | ".join(parts)

@@ -1,0 +1,104 @@
+"""One ``%%xmem`` run's state: the cell, its traces per batch size, estimates per GPU.
+
+Tracing is the slow part (seconds); re-simulating a trace on another GPU or allocator setting
+is fast. So traces are cached per batch size and estimates per (batch, GPU, allocator
+setting), and the widget's controls only ever ask this object.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from xmem_engine.alloc_conf import parse_alloc_conf
+from xmem_engine.estimate import Estimate, estimate_trace, max_batch, resolve_gpu
+from xmem_engine.trace import Trace
+
+from xmem_jupyter.batching import with_batch
+from xmem_jupyter.cellcode import compile_cell
+
+
+def with_expandable(conf: str, on: bool) -> str:
+    """``conf`` with ``expandable_segments`` set to ``on`` (other settings kept)."""
+    parts = [p for p in (conf or "").split(",") if p.strip() and not p.strip().startswith("expandable_segments")]
+    if on:
+        parts.append("expandable_segments:True")
+    return ",".join(parts)
+
+
+def expandable_on(conf: str) -> bool:
+    """Whether ``conf`` turns expandable segments on."""
+    return bool(parse_alloc_conf(conf or "").expandable_segments)
+
+
+@dataclass
+class Session:
+    """What the magic traced, and how to trace it again for another batch size."""
+
+    source: str  # the code as traced (cell body, line numbers as in the cell)
+    namespace: dict  # the user's namespace (the tracer runs in a copy of it)
+    gpus: list[str]  # catalog keys, the first is the one traced for
+    mode: str = "auto"
+    alloc_conf: str = ""
+    filename: str = "<cell>"
+    batch_var: str | None = None
+    batch_values: list[int] = field(default_factory=list)
+    batch: int | None = None  # the batch size of the first trace
+    iterations: int = 1  # run the cell this many times
+    traces: dict[int | None, Trace] = field(default_factory=dict)
+    estimates: dict[tuple, Estimate] = field(default_factory=dict)
+    largest: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpu, conf) -> batch
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    def trace(self, batch: int | None, setup: tuple[Callable, ...] = ()) -> Trace:
+        """The trace for ``batch`` (cached). The first trace copies the plain values the cell
+        assigned back into the user's namespace; traces for other batch sizes run in a
+        copy, so moving the slider never changes the user's variables."""
+        with self.lock:
+            if batch in self.traces:
+                return self.traces[batch]
+            from xmem_engine.tracer import trace
+
+            first = not self.traces
+            source, assigned = self.source, True
+            ns = self.namespace if first else dict(self.namespace)
+            if batch is not None and batch != self.batch:
+                source, assigned = with_batch(self.source, self.batch_var or "", batch)
+                if not assigned and self.batch_var:
+                    ns = dict(ns) if ns is self.namespace else ns
+                    ns[self.batch_var] = batch
+            gpu = resolve_gpu(self.gpus[0])
+            code = compile_cell(source, self.filename, self.iterations)
+            tr = trace(code, ns, mode=self.mode, device=gpu.properties(), filename=self.filename,
+                       setup=setup)
+            self.traces[batch] = tr
+            return tr
+
+    def estimate(self, batch: int | None, gpu: str, conf: str | None = None,
+                 setup: tuple[Callable, ...] = ()) -> Estimate:
+        """The estimate for ``batch`` on ``gpu`` with allocator setting ``conf`` (cached)."""
+        conf = self.alloc_conf if conf is None else conf
+        key = (batch, gpu, conf)
+        if key not in self.estimates:
+            t0 = time.perf_counter()
+            fresh = batch not in self.traces
+            tr = self.trace(batch, setup)
+            self.estimates[key] = estimate_trace(tr, gpu, conf, started=t0 if fresh else None)
+        return self.estimates[key]
+
+    def largest_batch(self, gpu: str, conf: str | None = None, limit: int = 1 << 14) -> int:
+        """The largest batch size that fits ``gpu``: from the cell's own batch size, doubling or
+        halving, then bisection (``max_batch``); each batch size is traced once for all GPUs."""
+        conf = self.alloc_conf if conf is None else conf
+        if (gpu, conf) not in self.largest:
+            if not self.batch_var:
+                raise ValueError("the largest batch needs --batch-var")
+            build = lambda b: self.estimate(b, gpu, conf)  # noqa: E731
+            start = self.batch or 1
+            if self.traces.get(self.batch) is not None and self.traces[self.batch].mode == "real":
+                limit = min(limit, start * 16)  # real mode allocates real CPU memory
+            best, _ = max_batch(build, start=start, limit=max(limit, start))
+            self.largest[(gpu, conf)] = best
+        return self.largest[(gpu, conf)]

@@ -1,0 +1,70 @@
+"""Memory-timeline data: allocated and reserved bytes over the trace's event axis.
+
+The estimate's ``Timeline`` has one sample per allocation or free (10^5 and more for large
+steps); a line that long is slow to draw and no more readable than its envelope. ``thin``
+keeps, per bucket, the sample where allocated memory is highest and the one where reserved
+memory is highest, so every local peak keeps its height.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from xmem_engine.estimate import Estimate
+
+
+@dataclass
+class TimelineData:
+    """Columns for the step lines, plus the limits drawn as horizontal lines (bytes / scale)."""
+
+    columns: dict[str, list]
+    capacity: float  # the GPU's memory
+    allocator_limit: float  # what the allocator may reserve: capacity - context - libraries
+    peak_x: int
+    phases: list[tuple[int, int, str]]  # (start, end, phase)
+    unit: str
+    iterations: list[int]
+
+
+def thin(x: np.ndarray, a: np.ndarray, r: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices to keep: each bucket's allocated maximum and reserved maximum, in order."""
+    n = len(x)
+    if n <= max_points:
+        return np.arange(n)
+    nb = max_points // 2
+    edges = np.linspace(0, n, nb + 1).astype(np.int64)
+    keep = [0, n - 1]
+    for b in range(nb):
+        lo, hi = int(edges[b]), int(edges[b + 1])
+        if hi > lo:
+            keep.append(lo + int(np.argmax(a[lo:hi])))
+            keep.append(lo + int(np.argmax(r[lo:hi])))
+    return np.unique(np.asarray(keep, dtype=np.int64))
+
+
+def build_timeline(est: Estimate, scale: float, x_end: int, max_points: int = 4000,
+                   unit: str = "") -> TimelineData:
+    """The estimate's timeline in y units of ``scale`` bytes."""
+    tl = est.timeline
+    x = np.asarray(tl.event, dtype=np.int64)
+    a = np.asarray(tl.allocated, dtype=np.int64)
+    r = np.asarray(tl.reserved, dtype=np.int64)
+    keep = thin(x, a, r, max_points) if len(x) else np.arange(0)
+    peak_x = int(x[int(np.argmax(a))]) if len(x) else 0
+    phases = []
+    for k, (start, name) in enumerate(tl.phases):
+        stop = tl.phases[k + 1][0] if k + 1 < len(tl.phases) else x_end
+        if stop > start:
+            phases.append((int(start), int(stop), name))
+    return TimelineData(
+        columns={"x": x[keep].tolist(), "allocated": (a[keep] / scale).tolist(),
+                 "reserved": (r[keep] / scale).tolist()},
+        capacity=est.capacity_bytes / scale,
+        allocator_limit=(est.capacity_bytes - est.context_bytes - est.outside_allocator_bytes) / scale,
+        peak_x=peak_x,
+        phases=phases,
+        unit=unit or {1 << 30: "GiB", 1 << 20: "MiB"}.get(int(scale), ""),
+        iterations=[int(i) for i in tl.iterations],
+    )

@@ -1,0 +1,293 @@
+"""The interactive result of ``%%xmem``: headline, breakdown, flame chart, timeline, controls.
+
+Layout (top to bottom): the headline (peak vs capacity, fits or not, headroom, the split into
+CUDA context / reserved / allocated); the controls (GPU, allocator toggle, batch slider,
+largest-batch readout); progress; the flame chart over the memory timeline (one Bokeh layout,
+x linked); the breakdown at the peak.
+
+A GPU or allocator change re-simulates the existing trace (``estimate_trace``) and reaches
+the browser as Bokeh patches (milliseconds). A batch-size change re-traces (results cached per
+value) and re-sends the charts whole (``update_from_model``). After patches, the kernel's copy
+of the Bokeh document (``render_bundle``, what a page reloaded against the same kernel draws)
+is refreshed quietly a moment later, without sending it: the browser already shows it. The
+static report next to the widget always follows.
+
+The progress indicator runs in a thread of its own; the trace itself runs on the kernel's
+main thread by default (``threaded=False``): the tracer patches ``torch`` process-wide while
+it runs, so a cell the user starts meanwhile must wait rather than run against the virtual
+GPU. The front end stays responsive either way; ``threaded=True`` frees the kernel too, for
+code that drives the widget from Python and knows nothing else runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from html import escape
+from typing import Callable
+
+import ipywidgets as widgets
+from jupyter_bokeh import BokehModel
+
+from xmem_engine.estimate import Estimate
+from xmem_engine.gpus import load_catalog
+
+from xmem_jupyter.bokeh_loader import bokeh_loader
+from xmem_jupyter.charts import Charts, build_charts
+from xmem_jupyter.flame import FlameData, build_flame, human
+from xmem_jupyter.progress import Progress, TracerProbe
+from xmem_jupyter.report import breakdown_html, compare_html, verdict_html
+from xmem_jupyter.session import Session, expandable_on, with_expandable
+from xmem_jupyter.timeline import build_timeline
+
+
+@dataclass
+class SwitchTiming:
+    """How long the last GPU / allocator change took (the benchmark prints it)."""
+
+    simulate_s: float = 0.0
+    update_s: float = 0.0
+
+
+def adapted_events(est: Estimate) -> list:
+    """The trace's events as simulated on ``est``'s GPU: the x axis of the estimate's timeline."""
+    from xmem_engine.cuda_behaviour import adapt_trace
+    from xmem_engine.gpus import get_gpu
+
+    if est.trace is None:
+        return []
+    events, _ = adapt_trace(est.trace, get_gpu(est.gpu), est.torch_version)
+    return events
+
+
+class XmemWidget(widgets.VBox):
+    """The widget for one estimate. ``session`` (from the magic) enables re-tracing for
+    other batch sizes; without it the widget shows ``est`` and re-simulates its trace."""
+
+    def __init__(self, est: Estimate, *, session: Session | None = None, gpus: list[str] | None = None,
+                 on_change: Callable[[Estimate], None] | None = None, width: int = 900,
+                 threaded: bool = False, **kwargs):
+        self.session = session
+        self.est = est
+        self.batch = session.batch if session else None
+        self.conf = est.alloc_conf if session is None else session.alloc_conf
+        self.on_change = on_change
+        self.last_switch = SwitchTiming()
+        self.width = width
+        self.threaded = threaded
+        self._cache: dict[tuple, Estimate] = {(self.batch, est.gpu, self.conf): est}
+        self._flame_key: tuple | None = None
+        self._busy = threading.Lock()
+        self._doc_lock = threading.RLock()  # Bokeh document: mutated by show(), read by the refresh
+        self._refresh: threading.Timer | None = None
+
+        catalog = load_catalog()
+        chosen = list(dict.fromkeys(gpus or (session.gpus if session else [est.gpu])))
+        others = [k for k in catalog if k not in chosen]
+        options = [(f"{catalog[k].name} ({human(catalog[k].total_memory_bytes)})", k) for k in chosen + others]
+        self.compared = chosen
+
+        self.headline = widgets.HTML(verdict_html(est))
+        self.headline.add_class("xmem-headline-widget")
+        self.compare = widgets.HTML()
+        self.gpu_dropdown = widgets.Dropdown(options=options, value=est.gpu, description="GPU",
+                                             layout=widgets.Layout(width="32em"))
+        self.gpu_dropdown.add_class("xmem-gpu")
+        self.expandable = widgets.ToggleButton(value=expandable_on(self.conf), description="expandable segments",
+                                               tooltip="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                                               icon="arrows-v", layout=widgets.Layout(width="14em"))
+        self.conf_note = widgets.HTML()
+        self.largest = widgets.HTML()
+        self.find_button = widgets.Button(description="largest batch that fits", icon="search",
+                                          layout=widgets.Layout(width="15em"))
+        self.progress = Progress()
+        self.breakdown = widgets.HTML(breakdown_html(est))
+        self.notes = widgets.HTML()
+
+        controls = [self.gpu_dropdown, self.expandable]
+        self.batch_slider: widgets.SelectionSlider | None = None
+        if session is not None and session.batch_var and session.batch_values:
+            self.batch_slider = widgets.SelectionSlider(
+                options=session.batch_values, value=session.batch, description=session.batch_var,
+                continuous_update=False, layout=widgets.Layout(width="24em"))
+            self.batch_slider.observe(self._on_batch, "value")
+            controls += [self.batch_slider, self.find_button]
+            self.find_button.on_click(self._on_find)
+
+        self.flame: FlameData = self._flame_for(est)
+        tl = build_timeline(est, self.flame.scale, self.flame.x_end)
+        self.charts: Charts = build_charts(self.flame, tl, width=width)
+        self.bokeh = BokehModel(self.charts.layout)
+        self.bokeh.add_class("xmem-charts")
+
+        self.gpu_dropdown.observe(self._on_gpu, "value")
+        self.expandable.observe(self._on_conf, "value")
+        self._refresh_text()
+        super().__init__([bokeh_loader(), self.headline, self.compare,
+                          widgets.HBox(controls, layout=widgets.Layout(flex_flow="row wrap")),
+                          widgets.HBox([self.conf_note, self.largest]), self.progress, self.bokeh,
+                          self.breakdown, self.notes], **kwargs)
+        self.add_class("xmem-widget")
+
+    # ----------------------------------------------------------------- estimates
+    def _estimate(self, batch: int | None, gpu: str, conf: str) -> Estimate:
+        key = (batch, gpu, conf)
+        if key not in self._cache:
+            if self.session is not None:
+                self._cache[key] = self.session.estimate(batch, gpu, conf)
+            else:
+                from xmem_engine.estimate import estimate_trace
+
+                self._cache[key] = estimate_trace(self.est.trace, gpu, conf)
+        return self._cache[key]
+
+    def _flame_for(self, est: Estimate) -> FlameData:
+        """The flame chart changes only with the trace and the workspace size (per GPU)."""
+        from xmem_engine.gpus import get_gpu
+
+        key = (id(est.trace), get_gpu(est.gpu).cublas_workspace_bytes)
+        if key != self._flame_key or not hasattr(self, "flame"):
+            self._flame_key = key
+            return build_flame(adapted_events(est))
+        return self.flame
+
+    # ----------------------------------------------------------------- redraw
+    def show(self, est: Estimate) -> None:
+        """Make ``est`` the displayed estimate.
+
+        Same trace (a GPU or allocator change): the changed data goes to the browser as Bokeh
+        patches, a few milliseconds. New trace (another batch size): the charts are rebuilt
+        and sent whole, which also refreshes the Bokeh document kept in saved widget state.
+        """
+        t0 = time.perf_counter()
+        new_trace = est.trace is not self.est.trace
+        self.est = est
+        flame = self._flame_for(est)
+        timeline = build_timeline(est, flame.scale, flame.x_end)
+        with self._doc_lock:
+            if new_trace:
+                doc = self.charts.layout.document
+                if doc is not None:
+                    doc.remove_on_change(self.bokeh)  # the new document is sent once, whole
+                self.flame = flame
+                self.charts = build_charts(flame, timeline, width=self.width)
+                self.bokeh.update_from_model(self.charts.layout)
+            else:
+                if flame is not self.flame:  # cuBLAS workspaces of another size: same bars otherwise
+                    self.flame = flame
+                    self.charts.update_flame(flame)
+                self.charts.update_timeline(timeline)
+                self._schedule_refresh()
+        self.headline.value = verdict_html(est)
+        self.breakdown.value = breakdown_html(est)
+        self._refresh_text()
+        self.last_switch.update_s = time.perf_counter() - t0
+        if self.on_change is not None:
+            self.on_change(est)
+
+    def _schedule_refresh(self, delay: float = 0.8) -> None:
+        """Refresh the kernel's copy of the Bokeh document once the user stops switching."""
+        if self._refresh is not None:
+            self._refresh.cancel()
+        self._refresh = threading.Timer(delay, self.refresh_saved_state)
+        self._refresh.daemon = True
+        self._refresh.start()
+
+    def refresh_saved_state(self) -> None:
+        """Put the document as it is now into ``render_bundle`` without sending it.
+
+        Set in traitlets' value store, not through the trait: a trait change would make the
+        browser re-render everything it already shows. A front end that asks the kernel for
+        the widget's state (a page reload) gets this one.
+        """
+        with self._doc_lock:
+            self.bokeh._trait_values["render_bundle"] = BokehModel._model_to_traits(self.charts.layout)
+
+    def _refresh_text(self) -> None:
+        est = self.est
+        if len(self.compared) > 1:
+            self.compare.value = compare_html(self._estimate(self.batch, g, self.conf) for g in self.compared)
+        key = (est.gpu, self.conf)
+        if self.session is not None and key in self.session.largest:
+            self.largest.value = (f"&nbsp; largest {escape(self.session.batch_var or '')} that fits {est.gpu}: "
+                                  f"<b class='xmem-largest'>{self.session.largest[key]}</b>")
+        elif self.session is not None and self.session.batch_var:
+            self.largest.value = ""
+        notes = list(est.notes) + list(self.flame.notes)
+        self.notes.value = "".join(f"<div style='color:#666;font-size:12px'>{escape(n)}</div>" for n in notes)
+
+    # ----------------------------------------------------------------- controls
+    def _on_gpu(self, change) -> None:
+        t0 = time.perf_counter()
+        est = self._estimate(self.batch, change["new"], self.conf)
+        self.last_switch.simulate_s = time.perf_counter() - t0
+        self.show(est)
+        if self.expandable.value != expandable_on(self.conf) or self.conf_note.value:
+            self._note_conf()
+
+    def _on_conf(self, change) -> None:
+        self.conf = with_expandable(self.conf, bool(change["new"]))
+        self.show(self._estimate(self.batch, self.est.gpu, self.conf))
+        self._note_conf()
+
+    def _note_conf(self) -> None:
+        """What expandable segments change on this GPU (peak device memory, both ways)."""
+        on = self._estimate(self.batch, self.est.gpu, with_expandable(self.conf, True))
+        off = self._estimate(self.batch, self.est.gpu, with_expandable(self.conf, False))
+        saved = off.peak_device_bytes - on.peak_device_bytes
+        word = "saves" if saved >= 0 else "costs"
+        self.conf_note.value = (f"expandable segments {word} <b class='xmem-saves'>{human(abs(saved))}</b> "
+                                f"(peak {human(on.peak_device_bytes)} with, {human(off.peak_device_bytes)} without)")
+
+    def _background(self, message: str, work: Callable[[], Estimate | None], probe=lambda: None) -> None:
+        """Run ``work`` with the progress indicator (in a thread of its own if ``threaded``)."""
+        if not self._busy.acquire(blocking=False):
+            self.progress.stop("busy: wait for the running trace to finish")
+            return
+        self.progress.start(message, probe)
+
+        def run() -> None:
+            try:
+                est = work()
+            except KeyboardInterrupt:  # the kernel was interrupted: stop quietly, stay usable
+                self.progress.stop("interrupted")
+            except Exception as e:  # shown in the widget: a callback has no cell to raise into
+                self.progress.stop(f"failed: {type(e).__name__}: {e}")
+            else:
+                self.progress.stop()
+                if est is not None:
+                    self.show(est)
+            finally:
+                self._busy.release()
+
+        if self.threaded:
+            threading.Thread(target=run, name="xmem-retrace", daemon=True).start()
+        else:
+            run()
+
+    def _on_batch(self, change) -> None:
+        assert self.session is not None
+        value = change["new"]
+        if (value, self.est.gpu, self.conf) in self._cache or value in self.session.traces:
+            self.batch = value
+            self.show(self._estimate(value, self.est.gpu, self.conf))
+            return
+        probe = TracerProbe()
+
+        def work() -> Estimate:
+            self.session.trace(value, (probe.setup,))
+            self.batch = value
+            return self._estimate(value, self.est.gpu, self.conf)
+
+        self._background(f"tracing {self.session.batch_var}={value}:", work, probe)
+
+    def _on_find(self, _button=None) -> None:
+        assert self.session is not None
+
+        def work() -> None:
+            self.session.largest_batch(self.est.gpu, self.conf)
+            self._refresh_text()
+            return None
+
+        self._background(f"searching the largest {self.session.batch_var} for {self.est.gpu}:", work)
