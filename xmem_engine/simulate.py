@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from xmem_engine import trace as tr
 from xmem_engine.alloc_conf import AllocatorConfig
-from xmem_engine.allocator import Block, CachingAllocator, OutOfMemoryError
+from xmem_engine.allocator import ALLOCATED_BYTES, RESERVED_BYTES, Block, CachingAllocator, OutOfMemoryError
 
 
 @dataclass
@@ -95,6 +95,10 @@ def simulate(
     peak_bytes = reserved_at_peak = 0
     oom_event, oom_message = -1, ""
     malloc, free = alloc.malloc, alloc.free
+    # The allocator's current-value list, read directly: this loop is the GPU-switch path.
+    cur = alloc.cur
+    ab, rb = ALLOCATED_BYTES * 3, RESERVED_BYTES * 3
+    ev_append, al_append, re_append = t_ev.append, t_al.append, t_re.append
     for i, e in enumerate(events):
         kind = e.kind
         if kind == tr.ALLOC:
@@ -103,13 +107,14 @@ def simulate(
             except OutOfMemoryError as err:
                 oom_event, oom_message = i, str(err)
                 break
-            blocks[e.id] = b
-            born[e.id] = i
-            sizes[e.id] = b.size
-            now = alloc.memory_allocated()
+            sid = e.id
+            blocks[sid] = b
+            born[sid] = i
+            sizes[sid] = b.size
+            now = cur[ab]
             if now > peak_bytes:
                 peak_bytes, peak = now, i
-                reserved_at_peak = alloc.memory_reserved()
+                reserved_at_peak = cur[rb]
         elif kind == tr.FREE:
             b = blocks.pop(e.id, None)
             if b is None:
@@ -132,9 +137,9 @@ def simulate(
             continue
         else:
             continue
-        t_ev.append(i)
-        t_al.append(alloc.memory_allocated())
-        t_re.append(alloc.memory_reserved())
+        ev_append(i)
+        al_append(cur[ab])
+        re_append(cur[rb])
 
     live: list[LiveTensor] = []
     breakdown: dict[str, int] = {}
