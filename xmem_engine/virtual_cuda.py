@@ -303,6 +303,29 @@ def _device_index(device: Any) -> int:
     return d.index or 0 if isinstance(d, torch.device) else 0
 
 
+class _CudaAutocast(torch.amp.autocast_mode.autocast):
+    """``torch.autocast("cuda", ...)`` on the virtual device: the tensors are CPU tensors, so
+    the region casts with CPU autocast at the same dtype (float16 by default, as on CUDA).
+
+    CPU autocast lowers the same matmul / convolution / linear ops as CUDA does; it keeps a
+    few ops that CUDA runs in float32 (softmax, layer_norm) in the lower precision, which can
+    make their outputs half the size they would be on the GPU.
+    """
+
+    def __init__(self, device_type: str = "cuda", dtype: torch.dtype | None = None, enabled: bool = True,
+                 cache_enabled: bool | None = None):
+        if device_type == "cuda":
+            device_type, dtype = "cpu", dtype or torch.float16
+        super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+class _CudaAmpAutocast(_CudaAutocast):
+    """``torch.cuda.amp.autocast(enabled, dtype, cache_enabled)`` (the deprecated spelling)."""
+
+    def __init__(self, enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True):
+        super().__init__("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
 @contextlib.contextmanager
 def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
     """Install the virtual device's ``torch.cuda`` functions; restore the originals after."""
@@ -344,6 +367,12 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
             for name, fn in generic.items():
                 if hasattr(accelerator, name):
                     patch(accelerator, name, fn)
+        # Autocast regions for "cuda" become CPU autocast regions of the same dtype.
+        import torch.cuda.amp as cuda_amp
+
+        patch(torch, "autocast", _CudaAutocast)
+        patch(torch.amp, "autocast", _CudaAutocast)
+        patch(cuda_amp, "autocast", _CudaAmpAutocast)
         # NVTX annotations are profiler markers: nothing to do without a GPU profiler.
         for name in ("range_push", "range_pop", "range_start", "range_end", "mark"):
             patch(nvtx, name, lambda *args, **kwargs: 0)
