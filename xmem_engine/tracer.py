@@ -281,6 +281,7 @@ class Tracer:
         self.stopped = False
         self.op_hooks: list[Callable[["Tracer", Any, tuple, dict, Any], None]] = []
         self._next_id = 0
+        self._param_module: dict[int, str] = {}  # id(parameter) -> path of the module owning it
         self._module_stack: list[str] = []
         self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._roots: weakref.WeakSet = weakref.WeakSet()
@@ -363,31 +364,41 @@ class Tracer:
         self._stepped = self._backward_done = False
         self.events.append(TraceEvent(ITERATION, iteration=self.iteration, phase=self.phase))
 
-    def _upgrade(self, t: torch.Tensor | None, category: str) -> None:
+    def _upgrade(self, t: torch.Tensor | None, category: str, module: str = "") -> None:
         if t is None:
             return
         rec = self.live.get(t.untyped_storage()._cdata)
-        if rec is not None and rec.event is not None and _RANK[category] > _RANK[rec.event.category]:
+        if rec is None or rec.event is None:
+            return
+        if _RANK[category] > _RANK[rec.event.category]:
             rec.event.category = category
+        if module and not rec.event.module:
+            # Parameters, their gradients and optimizer state belong to the module that owns
+            # the parameter (they are often made outside any forward pass, e.g. by .cuda()).
+            rec.event.module = module
 
     def classify_modules(self, modules: Iterable[torch.nn.Module]) -> None:
         for m in modules:
-            for p in m.parameters():
-                self._upgrade(p, "parameter")
-                self._upgrade(p.grad, "gradient")
-            for b in m.buffers():
-                self._upgrade(b, "buffer")
+            for name, p in m.named_parameters():
+                owner = name.rpartition(".")[0]
+                self._param_module[id(p)] = owner
+                self._upgrade(p, "parameter", owner)
+                self._upgrade(p.grad, "gradient", owner)
+            for name, b in m.named_buffers():
+                self._upgrade(b, "buffer", name.rpartition(".")[0])
 
     def classify_optimizer(self, opt: torch.optim.Optimizer) -> None:
         for g in opt.param_groups:
             for p in g["params"]:
-                self._upgrade(p, "parameter")
-                self._upgrade(p.grad, "gradient")
-        for s in opt.state.values():
+                owner = self._param_module.get(id(p), "")
+                self._upgrade(p, "parameter", owner)
+                self._upgrade(p.grad, "gradient", owner)
+        for p, s in opt.state.items():
             if isinstance(s, dict):
+                owner = self._param_module.get(id(p), "")
                 for v in s.values():
                     if isinstance(v, torch.Tensor):
-                        self._upgrade(v, "optimizer_state")
+                        self._upgrade(v, "optimizer_state", owner)
 
     # ------------------------------------------------------------------ allocations
     def _on_new_storage(self, func: Any, t: torch.Tensor, st: torch.UntypedStorage, key: int, nbytes: int) -> None:
