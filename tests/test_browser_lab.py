@@ -8,81 +8,34 @@ skips and says why.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium
+
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts"
 NOTEBOOK = ROOT / "demo_notebooks" / "01_quickstart.ipynb"
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
-CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium: run scripts/setup_browser.sh "
-                                                     "(apt-get install chromium chromium-driver)"),
+    needs_chromium,
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture()
 def lab(tmp_path):
-    """JupyterLab in a private config/data/runtime dir, serving a copy of the quickstart."""
+    """JupyterLab in private Jupyter dirs, serving a copy of the quickstart."""
     pytest.importorskip("playwright.sync_api", reason="playwright (Python package) is not installed")
-    home = tmp_path / "jupyter"
     nbdir = tmp_path / "nb"
     nbdir.mkdir()
     shutil.copy(NOTEBOOK, nbdir / NOTEBOOK.name)
-    env = dict(os.environ)
-    for var, sub in [("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")]:
-        (home / sub).mkdir(parents=True)
-        env[var] = str(home / sub)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    bindir = Path(sys.executable).parent
-    subprocess.run([str(bindir / "jupyter"), "labextension", "disable",
-                    "@jupyterlab/apputils-extension:announcements"], env=env, check=True, capture_output=True)
-    port, token = _free_port(), secrets.token_hex(16)
-    log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen(
-        [str(bindir / "jupyter"), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
-         f"--ServerApp.token={token}", "--LabApp.expose_app_in_browser=True", f"--ServerApp.root_dir={nbdir}"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=nbdir)
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    log.flush()
-                    pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
-                time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}", token
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with jupyter_server(tmp_path / "jupyter", nbdir, pythonpath=ROOT) as server:
+        yield server
 
 
 def _gpu_label(key: str) -> str:
@@ -106,7 +59,7 @@ def test_quickstart_in_jupyterlab(lab):
     base, token = lab
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROME_ARGS, headless=True)
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))

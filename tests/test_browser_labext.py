@@ -10,31 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from jupyter_server import CHROMIUM, CHROMIUM_ARGS, get_json, jupyter_server, needs_chromium
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "xmem_engine" / "data" / "report-examples"
 ARTIFACTS = REPO / "artifacts"
-CHROMIUM = "/usr/bin/chromium"
 MIME = "application/vnd.xmem.report+json"
 LABEXT = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "xmem-jupyter" / "package.json"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"{CHROMIUM} not installed (run scripts/setup_browser.sh: apt chromium)"),
+    needs_chromium,
     pytest.mark.skipif(not LABEXT.is_file(),
                        reason="the xmem lab extension is not installed here (pip install -e .)"),
 ]
@@ -85,61 +78,6 @@ def write_notebook(path: Path) -> None:
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
                        "language_info": {"name": "python"}}}
     path.write_text(json.dumps(nb, indent=1))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get_json(url: str):
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
-@contextlib.contextmanager
-def jupyter_server(tmp: Path, app: str):
-    """JupyterLab (or Notebook 7) on 127.0.0.1 with temporary Jupyter dirs and no kernels:
-    the only kernel spec it allows does not exist, so nothing can start one."""
-    env = dict(os.environ)
-    for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
-        (tmp / sub).mkdir(exist_ok=True)
-        env[var] = str(tmp / sub)
-    env.pop("JUPYTER_PATH", None)
-    # No news / update pop-ups.
-    (tmp / "config" / "labconfig").mkdir(exist_ok=True)
-    (tmp / "config" / "labconfig" / "page_config.json").write_text(json.dumps(
-        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
-    port, token = free_port(), secrets.token_hex(16)
-    log = open(tmp / f"{app}.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", app, "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
-         f"--ServerApp.token={token}", "--ServerApp.password=", f"--ServerApp.root_dir={tmp / 'nb'}",
-         "--KernelSpecManager.allowed_kernelspecs=xmem-test-no-such-kernel",
-         "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False"],
-        cwd=tmp / "nb", env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                get_json(f"{base}/api/status?token={token}")
-                break
-            except Exception:
-                if proc.poll() is not None or time.time() > deadline:
-                    log.flush()
-                    pytest.fail(f"{app} did not start:\n{(tmp / f'{app}.log').read_text()[-4000:]}")
-                time.sleep(0.3)
-        yield base, token
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.fixture
@@ -213,7 +151,8 @@ def check_reports(page, scope: str) -> list:
 
 
 def test_saved_reports_render_without_a_kernel_in_jupyterlab(notebook_dir):
-    with jupyter_server(notebook_dir, "jupyterlab") as (base, token), browser_page() as (page, dialogs, errors):
+    with jupyter_server(notebook_dir, notebook_dir / "nb", "jupyterlab", kernels=False) as (base, token), \
+            browser_page() as (page, dialogs, errors):
         workspace = f"xmem-test-{secrets.token_hex(4)}"
         page.goto(f"{base}/lab/workspaces/{workspace}/tree/estimate.ipynb?reset&token={token}")
         scope = ".jp-NotebookPanel:not(.lm-mod-hidden)"
@@ -260,7 +199,8 @@ def test_saved_reports_render_without_a_kernel_in_notebook7(notebook_dir):
     import notebook
     if int(notebook.__version__.split(".")[0]) < 7:
         pytest.skip(f"notebook {notebook.__version__} is not Notebook 7")
-    with jupyter_server(notebook_dir, "notebook") as (base, token), browser_page() as (page, dialogs, errors):
+    with jupyter_server(notebook_dir, notebook_dir / "nb", "notebook", kernels=False) as (base, token), \
+            browser_page() as (page, dialogs, errors):
         page.goto(f"{base}/notebooks/estimate.ipynb?token={token}")
         fits, *_ = check_reports(page, ".jp-NotebookPanel")
         dismiss_kernel_dialog(page)

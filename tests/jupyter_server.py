@@ -1,0 +1,85 @@
+"""Shared by the real-browser tests: a Jupyter server on 127.0.0.1 in private Jupyter dirs,
+and the Debian Chromium they drive (see ../shared/docs/jupyter-stack-notes.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium: run "
+                                    "scripts/setup_browser.sh (apt-get install chromium chromium-driver)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@contextlib.contextmanager
+def jupyter_server(tmp: Path, root_dir: Path, app: str = "jupyterlab", kernels: bool = True,
+                   pythonpath: Path | None = None) -> Iterator[tuple[str, str]]:
+    """Start ``python -m APP`` serving ``root_dir``; yield (base URL, token); stop it after.
+
+    Config, data, runtime and IPython dirs live under ``tmp`` so nothing of the user's setup
+    leaks in; the news pop-up is off. ``kernels=False`` allows only a kernel spec that does
+    not exist, so nothing can start a kernel (for saved-output tests)."""
+    env = dict(os.environ)
+    for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
+                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+        (tmp / sub).mkdir(parents=True, exist_ok=True)
+        env[var] = str(tmp / sub)
+    env.pop("JUPYTER_PATH", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath) + os.pathsep + env.get("PYTHONPATH", "")
+    (tmp / "config" / "labconfig").mkdir(exist_ok=True)
+    (tmp / "config" / "labconfig" / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    port, token = free_port(), secrets.token_hex(16)
+    args = [sys.executable, "-m", app, "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
+            f"--ServerApp.token={token}", "--ServerApp.password=", f"--ServerApp.root_dir={root_dir}",
+            "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False"]
+    if not kernels:
+        args.append("--KernelSpecManager.allowed_kernelspecs=xmem-test-no-such-kernel")
+    log_path = tmp / f"{app}.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(args, cwd=root_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                get_json(f"{base}/api/status?token={token}")
+                break
+            except Exception:
+                if proc.poll() is not None or time.time() > deadline:
+                    log.flush()
+                    pytest.fail(f"{app} did not start:\n{log_path.read_text()[-4000:]}")
+                time.sleep(0.3)
+        yield base, token
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
