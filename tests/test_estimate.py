@@ -123,3 +123,19 @@ def test_autocast_cuda_halves_the_saved_activations():
     assert on.breakdown["activation"] <= 0.8 * off.breakdown["activation"]
     dtypes = {ev.dtype for ev in on.trace.events if ev.kind == "alloc" and ev.op == "aten.mm.default"}
     assert "bfloat16" in dtypes
+
+
+DROPOUT = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Dropout(0.1), torch.nn.Linear(512, 512)).cuda()
+loss = model(torch.randn(1024, 512, device="cuda")).square().mean()
+loss.backward()
+"""
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_dropout_saves_a_bool_mask_as_on_cuda(mode):
+    e = estimate(DROPOUT, "A100-40GB", namespace={}, mode=mode)
+    masks = [ev for ev in e.trace.events if ev.kind == "alloc" and ev.op.startswith("aten.native_dropout.")]
+    assert sorted(ev.dtype for ev in masks) == ["bool", "float32"]  # the output and a 1-byte mask
+    assert min(ev.bytes for ev in masks) == 1024 * 512

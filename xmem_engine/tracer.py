@@ -1083,6 +1083,8 @@ class _DeviceMode(TorchFunctionMode):
             _T.backward: self._backward,
             torch.autograd.backward: self._backward,
             torch.autograd.grad: self._backward,
+            torch.nn.functional.dropout: self._dropout,
+            torch.dropout: self._dropout,
         }
         if tracer.fake:
             self.special.update({
@@ -1121,6 +1123,21 @@ class _DeviceMode(TorchFunctionMode):
         finally:
             tr._target, tr._explicit, tr._call_args, tr._call_gpu = saved
         return out
+
+    # -- kernels that differ between the CPU and CUDA
+    def _dropout(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Dropout as CUDA runs it: the fused kernel, which saves a bool mask for backward.
+        The CPU kernel multiplies by a noise tensor of the input's dtype instead (a mask 4x
+        larger for float32), which would inflate every dropout layer's saved activations."""
+        names = ("input", "p", "training", "inplace") if func is torch.nn.functional.dropout else ("input", "p", "train")
+        bound = dict(zip(names, args), **kwargs)
+        x = bound["input"]
+        p = bound.get("p", 0.5)
+        training = bound.get("training", bound.get("train", True))
+        if isinstance(x, torch.Tensor) and self.t.is_gpu(x) and training and 0.0 < p < 1.0 and x.numel() > 0:
+            out = torch.native_dropout(x, p, True)[0]
+            return x.copy_(out) if bound.get("inplace", False) else out
+        return func(*args, **kwargs)
 
     # -- device queries
     def _device(self, func: Any, args: tuple, kwargs: dict) -> torch.device:
