@@ -599,13 +599,15 @@ class CachingAllocator:
         (see :meth:`process_events`), any other block goes back to its pool, merged with
         free neighbours. ``_completing`` is the second half for a deferred block.
         """
+        pool = block.pool
+        pt = pool.pt
+        cur, freed = self.cur, self.freed
+        history = self.history
         if not _completing:
             if not block.allocated:
                 raise ValueError(f"{block!r} is not allocated (double free?)")
             block.allocated = False
-            pt = block.pool.pt
             size = block.size
-            cur, freed = self.cur, self.freed
             cur[0] -= 1
             cur[pt] -= 1
             freed[0] += 1
@@ -615,7 +617,7 @@ class CachingAllocator:
             cur[i] -= size
             freed[_AB] += size
             freed[i] += size
-            if self.history is not None:
+            if history is not None:
                 self._record("free_requested", block.addr, block.requested, block.stream)
             if size >= self._max_split:
                 self.oversize_allocations[0] -= 1
@@ -626,10 +628,8 @@ class CachingAllocator:
                 block.stream_uses = None
                 self.pending_frees.append(block)
                 return
-        if self.history is not None:
+        if history is not None:
             self._record("free_completed", block.addr, block.requested, block.stream)
-        pool = block.pool
-        pt = pool.pt
         original_size = block.size
         requested = block.requested
         net_blocks = 0
@@ -680,7 +680,7 @@ class CachingAllocator:
         if block.prev is not None or block.next is not None:
             net_blocks += 1
             net_bytes += block.size
-        cur, freed, peak = self.cur, self.freed, self.peak
+        peak = self.peak
         if block.expandable is None:
             if net_blocks > 0:
                 v = cur[_IS] + net_blocks
