@@ -350,7 +350,7 @@ class CachingAllocator:
         """Allocate ``orig_size`` bytes on ``stream``; raises OutOfMemoryError.
 
         The common case (default settings, a cached block fits) is written out inline;
-        the general rules live in get_free_block / alloc_block / alloc_found_block.
+        the general rules live in get_free_block / alloc_block; alloc_found_block is inlined.
         """
         if self.pending_frees:
             self.process_events()
@@ -385,95 +385,10 @@ class CachingAllocator:
                 self._raise_oom(orig_size, alloc_size, stream)
         remaining = block.size - size
         if pool.is_small or self._expandable:
-            split = remaining >= K_MIN_BLOCK_SIZE
+            split_remainder = remaining >= K_MIN_BLOCK_SIZE
         else:
-            split = size < self._max_split and remaining > K_SMALL_SIZE
-        return self.alloc_found_block(block, size, orig_size, split)
-
-    def get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
-        if self.set_fraction and self.config.garbage_collection_threshold > 0.0:
-            pool.get_free_blocks_call_count += 1
-        sl = pool.free.get(stream)
-        if not sl:
-            return None
-        i = bisect_left(sl, size << _ADDR_BITS)
-        n = len(sl)
-        if i == n:
-            return None
-        key = sl[i]
-        block = pool.blocks[key]
-        if block.expandable is not None:
-            if self._expandable:
-                # Best fit counts a block with the unmapped space that follows it.
-                def expandable_size(b: Block) -> int:
-                    nxt = b.next
-                    return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
-
-                while i + 1 < n:
-                    nb = pool.blocks[sl[i + 1]]
-                    if block.expandable is None or expandable_size(nb) >= expandable_size(block):
-                        break
-                    i += 1
-                    block = nb
-                key = sl[i]
-            else:
-                i += 1
-                while i < n and pool.blocks[sl[i]].expandable is not None:
-                    i += 1
-                if i == n:
-                    return None
-                key = sl[i]
-                block = pool.blocks[key]
-        max_split = self._max_split
-        if size < max_split and block.size >= max_split:
-            return None  # do not hand an oversize block to a small request
-        if size >= max_split and block.size >= size + self.config.max_non_split_rounding_size:
-            return None  # nor a much larger oversize block to a large one
-        del sl[i]
-        del pool.blocks[key]
-        return block
-
-    def should_split(self, block: Block, size: int) -> bool:
-        remaining = block.size - size
-        if block.pool.is_small or self._expandable:
-            return remaining >= K_MIN_BLOCK_SIZE
-        return size < self._max_split and remaining > K_SMALL_SIZE
-
-    def alloc_block(self, pool: BlockPool, size: int, alloc_size: int, stream: int, is_retry: bool) -> Block | None:
-        """cudaMalloc a new segment (or map pages of an expandable one)."""
-        if is_retry:
-            self.num_alloc_retries += 1
-        if self.set_fraction and self.total_allocated_memory + alloc_size > self.allowed_memory_maximum:
-            return None
-        if self._expandable:
-            return self.try_allocate_expandable_block(pool, size, stream)
-        if self.capacity is not None and self.total_allocated_memory + alloc_size > self.capacity:
-            return None
-        addr = self._device_malloc(alloc_size)
-        if addr is None:
-            return None
-        if addr > _ADDR_MASK:
-            raise ValueError(f"device address 0x{addr:x} does not fit in {_ADDR_BITS} bits")
-        self.total_allocated_memory += alloc_size
-        block = Block(addr, alloc_size, stream, pool)
-        pt = 1 if pool.is_small else 2
-        self._increase(SEGMENT, pt, 1)
-        self._increase(RESERVED_BYTES, pt, alloc_size)
-        if alloc_size >= self._max_split:
-            self._bump(self.oversize_segments, 1)
-        self.num_device_alloc += 1
-        self.segments[addr] = Segment(addr, alloc_size, stream, pool.is_small)
-        if self.history is not None:
-            self._record("segment_alloc", addr, alloc_size, stream)
-        return block
-
-    @staticmethod
-    def _bump(stat: list[int], amount: int) -> None:
-        stat[0] += amount
-        if stat[0] > stat[1]:
-            stat[1] = stat[0]
-
-    def alloc_found_block(self, block: Block, size: int, orig_size: int, split_remainder: bool) -> Block:
+            split_remainder = size < self._max_split and remaining > K_SMALL_SIZE
+        # alloc_found_block, written out here (one call less on the hot path):
         pool = block.pool
         pt = pool.pt
         cur, peak, freed = self.cur, self.peak, self.freed
@@ -575,6 +490,90 @@ class CachingAllocator:
         if self.history is not None:
             self._record("alloc", block.addr, orig_size, block.stream)
         return block
+
+
+    def get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
+        if self.set_fraction and self.config.garbage_collection_threshold > 0.0:
+            pool.get_free_blocks_call_count += 1
+        sl = pool.free.get(stream)
+        if not sl:
+            return None
+        i = bisect_left(sl, size << _ADDR_BITS)
+        n = len(sl)
+        if i == n:
+            return None
+        key = sl[i]
+        block = pool.blocks[key]
+        if block.expandable is not None:
+            if self._expandable:
+                # Best fit counts a block with the unmapped space that follows it.
+                def expandable_size(b: Block) -> int:
+                    nxt = b.next
+                    return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+                while i + 1 < n:
+                    nb = pool.blocks[sl[i + 1]]
+                    if block.expandable is None or expandable_size(nb) >= expandable_size(block):
+                        break
+                    i += 1
+                    block = nb
+                key = sl[i]
+            else:
+                i += 1
+                while i < n and pool.blocks[sl[i]].expandable is not None:
+                    i += 1
+                if i == n:
+                    return None
+                key = sl[i]
+                block = pool.blocks[key]
+        max_split = self._max_split
+        if size < max_split and block.size >= max_split:
+            return None  # do not hand an oversize block to a small request
+        if size >= max_split and block.size >= size + self.config.max_non_split_rounding_size:
+            return None  # nor a much larger oversize block to a large one
+        del sl[i]
+        del pool.blocks[key]
+        return block
+
+    def should_split(self, block: Block, size: int) -> bool:
+        remaining = block.size - size
+        if block.pool.is_small or self._expandable:
+            return remaining >= K_MIN_BLOCK_SIZE
+        return size < self._max_split and remaining > K_SMALL_SIZE
+
+    def alloc_block(self, pool: BlockPool, size: int, alloc_size: int, stream: int, is_retry: bool) -> Block | None:
+        """cudaMalloc a new segment (or map pages of an expandable one)."""
+        if is_retry:
+            self.num_alloc_retries += 1
+        if self.set_fraction and self.total_allocated_memory + alloc_size > self.allowed_memory_maximum:
+            return None
+        if self._expandable:
+            return self.try_allocate_expandable_block(pool, size, stream)
+        if self.capacity is not None and self.total_allocated_memory + alloc_size > self.capacity:
+            return None
+        addr = self._device_malloc(alloc_size)
+        if addr is None:
+            return None
+        if addr > _ADDR_MASK:
+            raise ValueError(f"device address 0x{addr:x} does not fit in {_ADDR_BITS} bits")
+        self.total_allocated_memory += alloc_size
+        block = Block(addr, alloc_size, stream, pool)
+        pt = 1 if pool.is_small else 2
+        self._increase(SEGMENT, pt, 1)
+        self._increase(RESERVED_BYTES, pt, alloc_size)
+        if alloc_size >= self._max_split:
+            self._bump(self.oversize_segments, 1)
+        self.num_device_alloc += 1
+        self.segments[addr] = Segment(addr, alloc_size, stream, pool.is_small)
+        if self.history is not None:
+            self._record("segment_alloc", addr, alloc_size, stream)
+        return block
+
+    @staticmethod
+    def _bump(stat: list[int], amount: int) -> None:
+        stat[0] += amount
+        if stat[0] > stat[1]:
+            stat[1] = stat[0]
 
     def _raise_oom(self, orig_size: int, alloc_size: int, stream: int) -> None:
         self.num_ooms += 1
