@@ -73,6 +73,7 @@ class Estimate:
     trace_seconds: float
     simulate_seconds: float
     notes: list[str] = field(default_factory=list)
+    allocator_limit_bytes: int = 0  # what cudaMalloc could get: capacity - context - libraries
     trace: Trace | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
@@ -171,6 +172,11 @@ def resolve_gpu(gpu: str | GPU, catalog_file: str | Path | None = None) -> GPU:
     return get_gpu(gpu, load_catalog(catalog_file))
 
 
+def allocator_limit(gpu: GPU, outside_allocator_bytes: int) -> int:
+    """What cudaMalloc can still get: the GPU's usable memory less context and libraries."""
+    return max(0, gpu.total_memory_bytes - gpu.context_bytes - outside_allocator_bytes)
+
+
 def _config(alloc_conf: str | AllocatorConfig | None) -> AllocatorConfig:
     if isinstance(alloc_conf, AllocatorConfig):
         return alloc_conf
@@ -246,8 +252,8 @@ def estimate_trace(
     version = torch_version or torch.__version__.split("+")[0]
     events, notes = adapt_trace(tr, target, version)
     outside = library_bytes(target, tr)
-    allocator_capacity = max(0, target.total_memory_bytes - target.context_bytes - outside)
-    sim = simulate(events, allocator=CachingAllocator(cfg, capacity=allocator_capacity,
+    limit = allocator_limit(target, outside)
+    sim = simulate(events, allocator=CachingAllocator(cfg, capacity=limit,
                                                      device_total=target.total_memory_bytes))
     oom_note = []
     if sim.oom:
@@ -285,6 +291,7 @@ def estimate_trace(
         simulate_seconds=t1 - t0,
         notes=notes + oom_note
         + ([str(tr.meta["fallback"])] if tr.meta.get("fallback") else []),
+        allocator_limit_bytes=limit,
         trace=tr,
     )
 
@@ -373,7 +380,7 @@ def simulated_snapshot(est: Estimate, alloc_conf: str | AllocatorConfig | None =
     cfg = _config(alloc_conf if alloc_conf is not None else est.alloc_conf)
     events, _ = adapt_trace(est.trace, target, est.torch_version)
     history: list[dict] = []
-    capacity = max(0, est.capacity_bytes - est.context_bytes - est.outside_allocator_bytes)
-    alloc = CachingAllocator(cfg, capacity=capacity, device_total=est.capacity_bytes, history=history)
+    alloc = CachingAllocator(cfg, capacity=est.allocator_limit_bytes, device_total=est.capacity_bytes,
+                             history=history)
     simulate(events, allocator=alloc)
     return make_snapshot(alloc, history)

@@ -62,7 +62,7 @@ def build_timeline(est: Estimate, scale: float, x_end: int, max_points: int = 40
         columns={"x": x[keep].tolist(), "allocated": (a[keep] / scale).tolist(),
                  "reserved": (r[keep] / scale).tolist()},
         capacity=est.capacity_bytes / scale,
-        allocator_limit=(est.capacity_bytes - est.context_bytes - est.outside_allocator_bytes) / scale,
+        allocator_limit=est.allocator_limit_bytes / scale,
         peak_x=peak_x,
         phases=phases,
         unit=unit or {1 << 30: "GiB", 1 << 20: "MiB"}.get(int(scale), ""),
