@@ -18,9 +18,11 @@ bench: setup
 
 # Benchmarks that need torchvision / transformers get their own environment: torchvision
 # needs torch 2.14.1 here (a large build), which the test environment does not need.
+# transformers is pinned to the release the paper's GPU runs used (4.51): its models build
+# their attention and loss differently from later releases, and paper_runs.py rebuilds those runs.
 bench-setup:
 	@test -x .venv-bench/bin/python || python3 -m venv .venv-bench
-	.venv-bench/bin/pip install --quiet --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1" transformers
+	.venv-bench/bin/pip install --quiet --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1" "transformers==4.51.3"
 	.venv-bench/bin/pip install --quiet --disable-pip-version-check -e .
 
 paper-runs: bench-setup

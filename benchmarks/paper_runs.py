@@ -33,6 +33,7 @@ CSV = REPO.parent / "shared" / "groundtruth" / "xmem-paper-runs-dev.csv"
 ITERATIONS = 4  # the paper's loop: iterations 0..3
 SEQ_LEN = 128  # wikitext-2 truncated to 128 tokens, padded to the longest: take 128
 TORCH_VERSION = "2.6"  # what the runs used
+TRANSFORMERS_VERSION = "4.51"  # likewise
 
 # torchvision constructors; MobileNetV3 and MNASNet were built with num_classes=10.
 CNNS = {
@@ -232,6 +233,21 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def _say_versions(rows: list[dict]) -> None:
+    """Print the library versions the workloads are rebuilt with; warn when transformers is
+    not the release the runs used (its models' attention and loss code changed since)."""
+    import torch
+
+    line = f"torch {torch.__version__}"
+    if any(r["model"] in LMS for r in rows):
+        import transformers
+
+        line += f", transformers {transformers.__version__}"
+        if not transformers.__version__.startswith(TRANSFORMERS_VERSION + "."):
+            line += f" (the runs used {TRANSFORMERS_VERSION}: `make bench-setup` installs it)"
+    print(line, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", default=str(CSV))
@@ -251,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.show:
         print(workload(rows[0]))
         return 0
+    _say_versions(rows)
     results = []
     for i, r in enumerate(rows, 1):
         res = run_row(r)
