@@ -6,8 +6,11 @@ that code calls (``is_available``, device properties, streams, events, memory st
 ``torch.cuda.memory._snapshot`` / ``_dump_snapshot`` pair) come from the simulated caching
 allocator, device properties from a description of the target GPU. The
 tensors themselves live on the CPU; the tracer's TorchFunctionMode makes them report
-``cuda:0`` (see ``tracer.py``). Every patched attribute is restored when the context exits,
-also on error or KeyboardInterrupt.
+``cuda:0`` (see ``tracer.py``). ``autocast("cuda")`` regions cast with CUDA's per-op lists
+(``autocast_policy.py``, entered through :func:`_autocast_methods`), and ``GradScaler``'s
+value reads take the step in fake mode (:func:`_grad_scaler_methods`). Every patched attribute
+and dispatcher registration is undone when the context exits, also on error or
+KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
+
+from xmem_engine.autocast_policy import CudaAutocastPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
     from xmem_engine.tracer import Tracer
@@ -152,6 +157,9 @@ class VirtualCuda:
         self.default_stream = VirtualStream(stream_id=0)
         self.current_stream = self.default_stream
         self.memory_fraction = 1.0
+        # CUDA's autocast lists for the tensors on the virtual GPU (see _autocast_methods)
+        self.autocast = CudaAutocastPolicy(on_device=tracer.is_gpu)
+        self.autocast_depth = 0
 
     # ------------------------------------------------------------ the patched API
     def functions(self) -> dict[str, Callable[..., Any]]:
@@ -303,27 +311,114 @@ def _device_index(device: Any) -> int:
     return d.index or 0 if isinstance(d, torch.device) else 0
 
 
-class _CudaAutocast(torch.amp.autocast_mode.autocast):
-    """``torch.autocast("cuda", ...)`` on the virtual device: the tensors are CPU tensors, so
-    the region casts with CPU autocast at the same dtype (float16 by default, as on CUDA).
+def _autocast_methods(vc: "VirtualCuda") -> tuple[Callable, Callable]:
+    """``autocast.__enter__`` / ``__exit__`` for the virtual device (patched on the base class,
+    so ``torch.autocast``, ``torch.amp.autocast``, ``torch.cuda.amp.autocast``, decorators,
+    ``torch.utils.checkpoint``'s recomputation and names imported before tracing all take them;
+    an autocast *object* built before tracing was disabled by torch itself, as no GPU existed).
 
-    CPU autocast lowers the same matmul / convolution / linear ops as CUDA does; it keeps a
-    few ops that CUDA runs in float32 (softmax, layer_norm) in the lower precision, which can
-    make their outputs half the size they would be on the GPU.
+    A ``"cuda"`` region sets the CUDA autocast state as on a GPU (``torch.is_autocast_enabled
+    ("cuda")``, ``torch.get_autocast_dtype("cuda")`` answer what the code asked for) and also
+    enables CPU autocast, whose dispatch key is the one the CPU tensors carry; the kernels behind
+    that key are CUDA's policy while CUDA regions are in use (``autocast_policy.py``). A
+    ``"cpu"`` region outside any CUDA region gets CPU's own policy back; inside one, the CPU
+    state keeps following the CUDA state (it is the virtual GPU's switch there).
     """
+    base = torch.amp.autocast_mode.autocast
+    orig_enter, orig_exit = base.__enter__, base.__exit__
 
-    def __init__(self, device_type: str = "cuda", dtype: torch.dtype | None = None, enabled: bool = True,
-                 cache_enabled: bool | None = None):
-        if device_type == "cuda":
-            device_type, dtype = "cpu", dtype or torch.float16
-        super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+    def __enter__(self: Any) -> Any:
+        out = orig_enter(self)
+        if torch._jit_internal.is_scripting():
+            return out
+        if self.device == "cuda":
+            self.__dict__.setdefault("_xmem_cpu_prev", []).append(torch.is_autocast_enabled("cpu"))
+            vc.autocast_depth += 1
+            if self._enabled:
+                vc.autocast.install()
+            torch.set_autocast_enabled("cpu", self._enabled)
+        elif self.device == "cpu":
+            if vc.autocast_depth:
+                # inside a CUDA region the CPU key serves the virtual GPU: it follows CUDA's
+                # state (host tensors are never cast by the CUDA policy)
+                torch.set_autocast_enabled("cpu", torch.is_autocast_enabled("cuda"))
+            elif self._enabled:
+                vc.autocast.uninstall()
+        return out
+
+    def __exit__(self: Any, exc_type: Any, exc_val: Any, exc_tb: Any) -> Any:
+        out = orig_exit(self, exc_type, exc_val, exc_tb)
+        prev = self.__dict__.get("_xmem_cpu_prev")
+        if prev and self.device == "cuda":
+            torch.set_autocast_enabled("cpu", prev.pop())
+            vc.autocast_depth -= 1
+        return out
+
+    return __enter__, __exit__
 
 
-class _CudaAmpAutocast(_CudaAutocast):
-    """``torch.cuda.amp.autocast(enabled, dtype, cache_enabled)`` (the deprecated spelling)."""
+def _grad_scaler_methods() -> dict[str, Callable]:
+    """``GradScaler`` methods that read tensor values, for fake tensors.
 
-    def __init__(self, enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True):
-        super().__init__("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+    In fake mode ``.item()`` of ``found_inf`` / ``_scale`` gives a placeholder (see tracer.py).
+    ``_maybe_opt_step`` then takes the step (a placeholder ``found_inf`` counts as finite, the
+    case a memory estimate is about: a skipped step allocates no optimizer state), and
+    ``get_scale`` / ``_get_growth_tracker`` answer the values ``_amp_update_scale_`` gives
+    when no step finds an inf (``scale_before > scaler.get_scale()`` overflow checks then
+    need no real values). Real values are used whenever ``.item()`` gives them.
+    """
+    from torch.amp.grad_scaler import GradScaler
+
+    orig_update = GradScaler.update
+    orig_get_scale = GradScaler.get_scale
+    orig_get_growth_tracker = GradScaler._get_growth_tracker
+    orig_load_state_dict = GradScaler.load_state_dict
+
+    def placeholder(x: Any) -> bool:
+        from xmem_engine.tracer import _FakeFloat, _FakeInt
+
+        return isinstance(x, (_FakeFloat, _FakeInt))
+
+    def _maybe_opt_step(self: Any, optimizer: Any, optimizer_state: dict, *args: Any, **kwargs: Any) -> Any:
+        found = 0.0
+        for v in optimizer_state["found_inf_per_device"].values():
+            x = v.item()
+            if not placeholder(x):
+                found += x
+        if not found:
+            return optimizer.step(*args, **kwargs)
+        return None
+
+    def shadow(self: Any) -> tuple[float, int]:
+        return self.__dict__.get("_xmem_shadow", (self._init_scale, self._init_growth_tracker))
+
+    def update(self: Any, new_scale: Any = None) -> None:
+        orig_update(self, new_scale)
+        if self._enabled:
+            scale, tracker = shadow(self)
+            if new_scale is not None:
+                if isinstance(new_scale, float):
+                    scale = new_scale
+            else:
+                tracker += 1
+                if tracker == self._growth_interval:
+                    scale, tracker = scale * self._growth_factor, 0
+            self.__dict__["_xmem_shadow"] = (scale, tracker)
+
+    def load_state_dict(self: Any, state_dict: dict) -> None:
+        self.__dict__.pop("_xmem_shadow", None)  # the shadow starts again from the loaded scale
+        orig_load_state_dict(self, state_dict)
+
+    def get_scale(self: Any) -> float:
+        value = orig_get_scale(self)
+        return float(shadow(self)[0]) if placeholder(value) else value
+
+    def _get_growth_tracker(self: Any) -> int:
+        value = orig_get_growth_tracker(self)
+        return int(shadow(self)[1]) if placeholder(value) else value
+
+    return {"_maybe_opt_step": _maybe_opt_step, "update": update, "get_scale": get_scale,
+            "_get_growth_tracker": _get_growth_tracker, "load_state_dict": load_state_dict}
 
 
 @contextlib.contextmanager
@@ -338,6 +433,7 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
         setattr(mod, name, fn)
 
     saved: list[tuple[Any, str, Any, bool]] = []
+    cpu_autocast = torch.is_autocast_enabled("cpu")
     try:
         for name, fn in vc.functions().items():
             patch(torch.cuda, name, fn)
@@ -367,18 +463,31 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
             for name, fn in generic.items():
                 if hasattr(accelerator, name):
                     patch(accelerator, name, fn)
-        # Autocast regions for "cuda" become CPU autocast regions of the same dtype.
-        import torch.cuda.amp as cuda_amp
+        # Autocast regions for "cuda" follow CUDA's cast lists (autocast_policy.py).
+        enter, exit_ = _autocast_methods(vc)
+        patch(torch.amp.autocast_mode.autocast, "__enter__", enter)
+        patch(torch.amp.autocast_mode.autocast, "__exit__", exit_)
+        orig_clear = torch.clear_autocast_cache
 
-        patch(torch, "autocast", _CudaAutocast)
-        patch(torch.amp, "autocast", _CudaAutocast)
-        patch(cuda_amp, "autocast", _CudaAmpAutocast)
+        def clear_autocast_cache() -> None:
+            orig_clear()
+            vc.autocast.clear_cache()
+
+        patch(torch, "clear_autocast_cache", clear_autocast_cache)
+        from torch.amp.grad_scaler import GradScaler
+
+        for name, fn in _grad_scaler_methods().items():
+            patch(GradScaler, name, fn)
         # NVTX annotations are profiler markers: nothing to do without a GPU profiler.
         for name in ("range_push", "range_pop", "range_start", "range_end", "mark"):
             patch(nvtx, name, lambda *args, **kwargs: 0)
         patch(nvtx, "range", lambda *args, **kwargs: contextlib.nullcontext())
         yield vc
     finally:
+        vc.autocast.uninstall()  # also drops the weight cache
+        if vc.autocast_depth:  # a region left open (a generator never resumed): CPU autocast off again
+            torch.set_autocast_enabled("cpu", cpu_autocast)
+            vc.autocast_depth = 0
         for mod, name, old, had in reversed(saved):
             if had:
                 setattr(mod, name, old)
