@@ -101,6 +101,7 @@ from xmem_engine.trace import (
     TraceEvent,
 )
 from xmem_engine.fake_fastpaths import FAST_FAKE
+from xmem_engine.shadow_values import Shadows
 from xmem_engine.user_state import UserState
 from xmem_engine.virtual_cuda import VirtualCuda, VirtualStream, patched_cuda
 
@@ -272,6 +273,8 @@ class Tracer:
             allocator = CachingAllocator(device_total=self.vc.props.total_memory)
         self.mode = mode
         self.fake = mode == "fake"
+        # fake mode: real values of small GPU tensors whose contents are known (shadow_values.py)
+        self.shadows: Shadows | None = None
         self.allocator = allocator
         self.events: list[TraceEvent] = []
         self.live: dict[int, _Live] = {}
@@ -658,6 +661,7 @@ class Tracer:
                 stack.enter_context(_logger_level("torch._subclasses.fake_tensor", logging.CRITICAL))
                 fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
                 self._fake_mode = fake_mode
+                self.shadows = Shadows()
                 stack.enter_context(_patched_attr(torch.nn.Parameter, "__new__", _fake_parameter_new(fake_mode)))
             stack.enter_context(_AllocMode(self))
             device_mode = _DeviceMode(self)
@@ -979,7 +983,14 @@ class _AllocMode(TorchDispatchMode):
                 try:
                     out = func(*args, **kwargs)
                 except self.fake_errors as e:
-                    raise _NeedsRealValues(str(func), _fake_reason(e), _user_frame(2)) from e
+                    # values the fake tensors lack: known ones come from the shadows
+                    out = tr.shadows.data_dependent(func, args, kwargs, tr._fake_mode)
+                    if out is NotImplemented:
+                        raise _NeedsRealValues(str(func), _fake_reason(e), _user_frame(2)) from e
+                else:
+                    tr.shadows.after_op(func, args, kwargs, out)
+            else:
+                tr.shadows.after_op(func, args, kwargs, out)
         else:
             out = func(*args, **kwargs)
         live = tr.live

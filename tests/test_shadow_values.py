@@ -1,0 +1,128 @@
+"""Fake mode knows the values of small GPU tensors that come from the host (shadow_values.py),
+so code that branches on masks, ids or labels stays in fake mode; unknown values still fall back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xmem_engine.trace import Trace
+from xmem_engine.tracer import UnsupportedOpError, trace
+
+
+def alloc_stream(tr: Trace) -> list[tuple[str, int]]:
+    return [(e.kind, e.bytes) for e in tr.events if e.kind in ("alloc", "free")]
+
+
+MASK_BRANCH = """
+import torch
+ids = torch.tensor([[5, 6, 7, 0], [1, 2, 3, 4]])
+mask = (ids != 0).long()
+mask_gpu = mask.to("cuda")
+if torch.all(mask_gpu == 1):           # Hugging Face's test before it drops the mask
+    branch = "no padding"
+    bias = None
+else:
+    branch = "padding"
+    bias = (1.0 - mask_gpu[:, None, None, :].float()) * -1e9
+n_real = int(mask_gpu.sum().item())
+first_pad = mask_gpu.view(-1).nonzero()[0].tolist()
+where = torch.nonzero(mask_gpu == 0)
+x = torch.randn(2, 4, 8, device="cuda")
+y = x * mask_gpu[..., None]
+"""
+
+
+def test_a_branch_on_a_host_mask_stays_in_fake_mode_and_sees_the_real_values():
+    ns: dict = {}
+    tr = trace(MASK_BRANCH, ns, mode="auto")
+    assert tr.mode == "fake" and "fallback" not in tr.meta
+    assert ns["branch"] == "padding" and ns["n_real"] == 7 and ns["first_pad"] == [0]
+    real_ns: dict = {}
+    real = trace(MASK_BRANCH, real_ns, mode="real")
+    assert {k: ns[k] for k in ("branch", "n_real", "first_pad")} == {k: real_ns[k] for k in ("branch", "n_real", "first_pad")}
+    assert alloc_stream(tr) == alloc_stream(real)  # nonzero's output has the real shape
+    where = [e for e in tr.events if e.kind == "alloc" and "nonzero" in e.op]
+    assert [e.shape for e in where][-1] == (1, 2)
+
+
+def test_the_other_branch_is_taken_when_the_values_say_so():
+    ns: dict = {}
+    tr = trace(MASK_BRANCH.replace("[5, 6, 7, 0]", "[5, 6, 7, 8]"), ns, mode="auto")
+    assert tr.mode == "fake" and ns["branch"] == "no padding" and ns["n_real"] == 8
+
+
+def test_in_place_ops_on_known_values_keep_them_in_step():
+    src = """
+import torch
+m = torch.zeros(6, dtype=torch.long).cuda()
+m[2:4] = 1
+m.add_(torch.arange(6, device="cuda"))
+total = m.sum().item()
+"""
+    ns: dict = {}
+    assert trace(src, ns, mode="fake").mode == "fake"
+    assert ns["total"] == 0 + 1 + 3 + 4 + 4 + 5
+
+
+@pytest.mark.parametrize("unknown", [
+    "m.copy_(torch.randn(6, device='cuda') > 0)",         # random values written in
+    "m.mul_((w.sum() > 0).long())",                        # a value computed from a parameter
+])
+def test_writing_unknown_values_forgets_the_shadow(unknown):
+    src = f"""
+import torch
+w = torch.nn.Parameter(torch.randn(4, device="cuda"))
+m = torch.ones(6, dtype=torch.long).cuda()
+{unknown}
+if m.any():
+    hit = True
+"""
+    tr = trace(src, {}, mode="auto")
+    assert tr.mode == "real" and "fallback" in tr.meta
+    with pytest.raises(UnsupportedOpError):
+        trace(src, {}, mode="fake")
+
+
+def test_random_gpu_tensors_and_big_transfers_stay_unknown():
+    rand = "import torch\nx = torch.randint(0, 2, (4,), device='cuda')\nif x.sum() > 0:\n    pass\n"
+    assert trace(rand, {}, mode="auto").mode == "real"
+    big = ("import torch\nx = torch.ones(300_000).cuda()\n"  # 1.2 MB: beyond SHADOW_BYTES
+           "if x.sum() > 0:\n    pass\n")
+    assert trace(big, {}, mode="auto").mode == "real"
+
+
+def test_shadows_use_no_random_numbers_of_the_user():
+    # (random GPU factories draw nothing in fake mode, so the cell has none)
+    src = MASK_BRANCH.split("x = torch.randn")[0] + "after = torch.rand(3).tolist()\n"
+    torch.manual_seed(0)
+    ns: dict = {}
+    trace(src, ns, mode="fake")
+    torch.manual_seed(0)
+    real_ns: dict = {}
+    trace(src, real_ns, mode="real")
+    assert ns["after"] == real_ns["after"]
+
+
+def test_shadows_go_with_their_storages():
+    src = """
+import torch
+for _ in range(50):
+    m = torch.arange(1000).cuda()
+    ok = bool((m >= 0).all())
+"""
+    from xmem_engine import tracer as tracer_mod
+
+    seen = []
+    orig = tracer_mod.Tracer.finish
+
+    def finish(self):
+        seen.append(len(self.shadows) if self.shadows is not None else None)
+        return orig(self)
+
+    tracer_mod.Tracer.finish = finish
+    try:
+        trace(src, {}, mode="fake")
+    finally:
+        tracer_mod.Tracer.finish = orig
+    assert seen and seen[0] is not None and seen[0] <= 6  # the last iteration's, not 50 of each

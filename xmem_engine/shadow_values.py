@@ -1,0 +1,184 @@
+"""Real values for the small tensors of the virtual GPU in fake mode (their "shadows").
+
+Why: fake tensors carry no values, so code that branches on a small GPU tensor would force
+the whole trace to re-run on real tensors, 10-100x slower. It is common: Hugging Face models
+check ``torch.all(attention_mask == 1)`` before picking an attention path, loops print
+``(preds == labels).sum().item()``, code takes ``nonzero()`` of a mask. The values of such
+tensors almost never come from the model: they are token ids, masks and labels moved to the
+GPU with ``.to("cuda")``, or small factories such as ``arange``.
+
+So, in fake mode, a small GPU storage whose contents are known keeps a real CPU copy beside
+it (its shadow), and every deterministic aten op whose tensor inputs all have known values
+also runs on the shadows (:meth:`Shadows.after_op`). Reading a value (``bool``, ``item``,
+``tolist``) or an op whose output shape depends on values (``nonzero``, ``unique``) of
+shadowed tensors uses the shadows (:meth:`Shadows.data_dependent`); the outputs of such ops
+are fake tensors of the real shape, shadowed in turn.
+
+Known: host tensors (real in fake mode when small) and the outputs of deterministic ops on
+known inputs, up to :data:`SHADOW_BYTES` a storage. Unknown: anything computed from a
+parameter or an activation, random ops, and a storage that an op writes unknown values into
+(its shadow is dropped). What is unknown still needs real mode, as before.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+# The largest storage that gets a shadow. Masks, ids and labels of a batch are far smaller;
+# activations and weights are far larger and never known anyway.
+SHADOW_BYTES = 1 << 20
+
+
+def _fake_type() -> type:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor
+
+
+def _is_random(func: Any) -> bool:
+    return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+
+
+class Shadows:
+    """Shadows by fake storage (``untyped_storage()._cdata``); each goes when its storage dies."""
+
+    def __init__(self) -> None:
+        self.by_storage: dict[int, torch.UntypedStorage] = {}
+        self._fake = _fake_type()
+        self._ops: dict[Any, tuple[bool, bool]] = {}  # op -> (writes its inputs, random)
+
+    def __len__(self) -> int:
+        return len(self.by_storage)
+
+    # ------------------------------------------------------------------ values
+    def real(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The real tensor behind fake ``t`` (same sizes, strides and offset), or None."""
+        st = self.by_storage.get(t.untyped_storage()._cdata)
+        if st is None:
+            return None
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return torch.empty((0,), dtype=t.dtype).set_(st, t.storage_offset(), t.size(), t.stride())
+
+    def _real_args(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """``args`` / ``kwargs`` with every fake tensor replaced by its real value; None if
+        one has no shadow."""
+        fake = self._fake
+        missing = False
+
+        def swap(x: Any) -> Any:
+            nonlocal missing
+            if isinstance(x, fake):
+                r = self.real(x)
+                if r is None:
+                    missing = True
+                return r
+            return x
+
+        real_args = tree_map(swap, args)
+        if missing:
+            return None
+        real_kwargs = tree_map(swap, kwargs)
+        return None if missing else (real_args, real_kwargs)
+
+    # ------------------------------------------------------------------ ops
+    def after_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Run ``func`` on the shadows when all its inputs are known and its outputs are
+        small; otherwise drop the shadows of the storages it may have written.
+
+        Called for every fake op, so the common case (an input without a shadow, or a big
+        output, and nothing written) returns after a few checks."""
+        info = self._ops.get(func)
+        if info is None:
+            info = self._ops[func] = (getattr(getattr(func, "_schema", None), "is_mutable", True), _is_random(func))
+        written, random = info
+        fake = self._fake
+        by = self.by_storage
+        known = not random
+        if known:
+            if type(out) is fake:
+                known = out.untyped_storage().nbytes() <= SHADOW_BYTES
+            else:
+                outs = [t for t in tree_flatten(out)[0] if isinstance(t, fake)]
+                known = bool(outs) and all(t.untyped_storage().nbytes() <= SHADOW_BYTES for t in outs)
+        if known:
+            for a in args:
+                if isinstance(a, fake):
+                    if a.untyped_storage()._cdata not in by:
+                        known = False
+                        break
+                elif isinstance(a, (list, tuple)) and any(
+                        isinstance(b, fake) and b.untyped_storage()._cdata not in by for b in a):
+                    known = False
+                    break
+            if known and kwargs:
+                known = all(t.untyped_storage()._cdata in by
+                            for t in tree_flatten(kwargs)[0] if isinstance(t, fake))
+        if known:
+            real = self._real_args(args, kwargs)
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            try:
+                with unset_fake_temporarily():
+                    real_out = func(*real[0], **real[1])
+            except Exception:  # the real kernel disagrees with the fake one: value unknown
+                real_out = None
+            if real_out is not None:
+                self._adopt(out, real_out)
+                return
+        if written and by:
+            self._forget(args, kwargs)
+
+    def data_dependent(self, func: Any, args: tuple, kwargs: dict, fake_mode: Any) -> Any:
+        """The result of an op fake tensors cannot give (``_local_scalar_dense`` behind
+        ``item()`` / ``bool()``, ``nonzero``...), from the shadows; NotImplemented if an input
+        is unknown."""
+        real = self._real_args(args, kwargs) if self.by_storage else None
+        if real is None or _is_random(func):
+            return NotImplemented
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            real_out = func(*real[0], **real[1])
+        if not isinstance(real_out, torch.Tensor) and not isinstance(real_out, (tuple, list)):
+            return real_out  # a Python number
+
+        def to_fake(r: Any) -> Any:
+            if not isinstance(r, torch.Tensor):
+                return r
+            f = fake_mode.from_tensor(r)
+            if r.untyped_storage().nbytes() <= SHADOW_BYTES:
+                self._keep(f, r)
+            return f
+
+        return tree_map(to_fake, real_out)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _adopt(self, out: Any, real_out: Any) -> None:
+        fakes, reals = tree_flatten(out)[0], tree_flatten(real_out)[0]
+        if len(fakes) != len(reals):
+            return
+        for f, r in zip(fakes, reals):
+            if not isinstance(f, self._fake) or not isinstance(r, torch.Tensor):
+                continue
+            if f.untyped_storage()._cdata in self.by_storage:
+                continue  # a view of, or an in-place op on, a shadowed storage: already in step
+            if (f.dtype, f.shape, f.stride(), f.storage_offset()) == (r.dtype, r.shape, r.stride(), r.storage_offset()):
+                self._keep(f, r)
+
+    def _keep(self, f: torch.Tensor, r: torch.Tensor) -> None:
+        st = f.untyped_storage()
+        key = st._cdata
+        if key not in self.by_storage:
+            weakref.finalize(st, self.by_storage.pop, key, None)
+        self.by_storage[key] = r.untyped_storage()
+
+    def _forget(self, args: tuple, kwargs: dict) -> None:
+        for t in tree_flatten((args, kwargs))[0]:
+            if isinstance(t, self._fake):
+                self.by_storage.pop(t.untyped_storage()._cdata, None)
