@@ -17,7 +17,10 @@ How it works
   loading, samplers, metrics on CPU tensors) runs for real, so it sees real values.
   Weight initialisers (``torch.nn.init``) leave fake tensors alone. ``.item()`` of a fake
   tensor gives a placeholder number that may be printed or summed, but raises (and makes
-  ``auto`` fall back) once it decides control flow.
+  ``auto`` fall back) once it decides control flow. Small GPU tensors whose values are
+  known (masks, ids, labels moved from the host, and what deterministic ops make of them)
+  keep a real copy, so branches on them and ``nonzero`` stay in fake mode
+  (``shadow_values.py``).
   ``mode="real"`` runs on real CPU tensors; ``mode="auto"`` tries fake and falls back to
   real (``trace.meta["fallback"]`` says why) when the code needs tensor values of the GPU
   side (data-dependent shapes such as ``nonzero`` or boolean masks, values in control
