@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 
 from xmem_engine.alloc_conf import AllocatorConfig
 
@@ -31,8 +31,11 @@ K_ROUND_LARGE = 2 << 20
 _ADDR_BITS = 48  # CUDA virtual addresses fit in 48 bits; free-set keys pack size above them
 _ADDR_MASK = (1 << _ADDR_BITS) - 1
 
-# Statistics: one slot per (stat, pool type) at index stat * 3 + pool_type in the lists
-# cur / peak / freed; "allocated" (cumulative) is derived as cur - base + freed.
+# Statistics (``DeviceStats`` in C++): one PoolStats row per pool holds, as plain ints, each
+# stat's current value, peak, freed total and base; "allocated" (cumulative) is derived as
+# current - base + freed. The "all" row is the sum of the two pools, except its peaks, which
+# the allocator keeps in an AllPeaks whenever a pool's value rises. So a free only touches
+# its own pool's counters.
 STAT_NAMES = (
     "allocation",
     "segment",
@@ -48,7 +51,34 @@ POOL_TYPES = ("all", "small_pool", "large_pool")
 STAT_FIELDS = ("current", "peak", "allocated", "freed")
 (ALLOCATION, SEGMENT, ACTIVE, INACTIVE_SPLIT, ALLOCATED_BYTES, RESERVED_BYTES, ACTIVE_BYTES,
  INACTIVE_SPLIT_BYTES, REQUESTED_BYTES) = range(9)
-_AB, _RB, _IS, _ISB = ALLOCATED_BYTES * 3, REQUESTED_BYTES * 3, INACTIVE_SPLIT * 3, INACTIVE_SPLIT_BYTES * 3
+# CachingAllocator.cur keeps the "all" current value of these two at stat * 3 (a live list that
+# replay loops read per event; the other slots of that list stay 0).
+_AB_ALL, _RB_ALL = ALLOCATED_BYTES * 3, RESERVED_BYTES * 3
+_ROUND_UP, _ROUND_MASK = K_MIN_BLOCK_SIZE - 1, -K_MIN_BLOCK_SIZE  # (size + _ROUND_UP) & _ROUND_MASK
+_new_block = object.__new__  # _new_block(Block): a Block whose fields the caller sets
+
+
+class PoolStats:
+    """One pool's row of ``DeviceStats``: for each name in STAT_NAMES, ``<name>`` is the
+    current value, ``<name>_peak`` the peak, ``<name>_freed`` the total decrease and
+    ``<name>_base`` the current value at the last reset_accumulated_stats."""
+
+    __slots__ = tuple(n + f for n in STAT_NAMES for f in ("", "_peak", "_freed", "_base")) + ("other",)
+
+    def __init__(self) -> None:
+        for name in self.__slots__[:-1]:
+            setattr(self, name, 0)
+        self.other: PoolStats = self  # the other pool's row: "all" = self + other
+
+
+class AllPeaks:
+    """The peaks of the "all" row (its current and freed values are sums of the pools')."""
+
+    __slots__ = STAT_NAMES
+
+    def __init__(self) -> None:
+        for name in STAT_NAMES:
+            setattr(self, name, 0)
 
 
 
@@ -69,10 +99,11 @@ class Block:
 
     __slots__ = (
         "addr", "size", "stream", "pool", "prev", "next", "allocated", "requested",
-        "mapped", "expandable", "stream_uses", "pending", "gc_base",
+        "mapped", "expandable", "stream_uses", "pending", "gc_base", "key",
     )
 
     def __init__(self, addr: int, size: int, stream: int, pool: "BlockPool"):
+        # (malloc's split sets these fields inline as well: keep the two lists in step)
         self.addr = addr
         self.size = size
         self.stream = stream
@@ -86,6 +117,7 @@ class Block:
         self.stream_uses: set[int] | None = None  # other streams it was used on
         self.pending = False  # freed, waiting for other streams' events
         self.gc_base = 0  # pool's get_free_block count when it was cached (GC age)
+        self.key = 0  # its key in the pool's free list while cached: size << 48 | addr
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
@@ -105,18 +137,18 @@ class BlockPool:
     ordered by (stream, address).
     """
 
-    __slots__ = ("is_small", "pt", "free", "blocks", "unmapped", "get_free_blocks_call_count")
+    __slots__ = ("is_small", "free", "blocks", "unmapped", "get_free_blocks_call_count", "stats")
 
     def __init__(self, is_small: bool):
         self.is_small = is_small
-        self.pt = 1 if is_small else 2  # statistics slot: 1 small_pool, 2 large_pool
         self.free: dict[int, list[int]] = {}
         self.blocks: dict[int, Block] = {}  # key -> block
         self.unmapped: dict[int, list[int]] = {}  # stream -> sorted addresses
         self.get_free_blocks_call_count = 0
+        self.stats = PoolStats()  # the small_pool / large_pool statistics
 
     def insert(self, b: Block) -> None:
-        key = (b.size << _ADDR_BITS) | b.addr
+        key = b.key = (b.size << _ADDR_BITS) | b.addr
         sl = self.free.get(b.stream)
         if sl is None:
             sl = self.free[b.stream] = []
@@ -125,7 +157,7 @@ class BlockPool:
         b.gc_base = self.get_free_blocks_call_count
 
     def erase(self, b: Block) -> None:
-        key = (b.size << _ADDR_BITS) | b.addr
+        key = b.key
         sl = self.free[b.stream]
         del sl[bisect_left(sl, key)]
         del self.blocks[key]
@@ -151,6 +183,7 @@ class ExpandableSegment:
     pool: BlockPool
     mapped_pages: set[int]
     unmapped_blocks: dict[int, Block]  # addr -> unmapped block
+    head: Block | None = None  # the block at base; next links reach every block
 
 
 @dataclass
@@ -161,6 +194,7 @@ class Segment:
     size: int
     stream: int
     is_small: bool
+    head: Block | None = None  # the block at addr; next links reach every block
 
 
 class _VirtualAddressSpace:
@@ -197,6 +231,17 @@ class CachingAllocator:
     ``history``: a list that receives snapshot-style trace entries (dicts), or None.
     """
 
+    # Slots make the hot paths' attribute reads cheap (a plain instance dict past 30 keys
+    # is not); __dict__ still takes any attribute someone else hangs on an allocator.
+    __slots__ = (
+        "config", "capacity", "device_total", "_vas", "_device_malloc", "_device_free", "_history",
+        "small_blocks", "large_blocks", "_pool_stats", "segments", "expandable_segments",
+        "pending_frees", "total_allocated_memory", "set_fraction", "allowed_memory_maximum",
+        "all_peak", "cur", "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+        "num_sync_all_streams", "oversize_allocations", "oversize_segments", "_max_split",
+        "_expandable", "_rounds", "_plain", "_active_mirrored", "_extras", "__dict__", "__weakref__",
+    )
+
     def __init__(
         self,
         config: AllocatorConfig | None = None,
@@ -214,21 +259,21 @@ class CachingAllocator:
         self._vas = _VirtualAddressSpace()
         self._device_malloc = device_malloc or self._vas.malloc
         self._device_free = device_free or self._vas.free
-        self.history = history
+        self._history = history
         self.small_blocks = BlockPool(is_small=True)
         self.large_blocks = BlockPool(is_small=False)
+        small, large = self.small_blocks.stats, self.large_blocks.stats
+        small.other, large.other = large, small
+        self._pool_stats = (small, large)
         self.segments: dict[int, Segment] = {}
         self.expandable_segments: list[ExpandableSegment] = []
-        self.active_blocks: set[Block] = set()
         self.pending_frees: list[Block] = []  # freed blocks waiting for other streams
         self.total_allocated_memory = 0  # reserved bytes, as PyTorch names it
         self.set_fraction = False
         self.allowed_memory_maximum = 0
-        n_slots = len(STAT_NAMES) * 3
-        self.cur = [0] * n_slots
-        self.peak = [0] * n_slots
-        self.freed = [0] * n_slots
-        self.base = [0] * n_slots  # cur at the last reset_accumulated_stats
+        # Per-pool statistics live on the pools (pool.stats); "all" is their sum, but for its peaks:
+        self.all_peak = AllPeaks()
+        self.cur = [0] * (len(STAT_NAMES) * 3)  # live "all" allocated / reserved bytes (_AB_ALL, _RB_ALL)
         self.num_alloc_retries = 0
         self.num_ooms = 0
         self.num_device_alloc = 0
@@ -244,34 +289,61 @@ class CachingAllocator:
         self._plain = not cfg.expandable_segments and cfg.max_split_size >= 2**64 - 1 \
             and cfg.garbage_collection_threshold <= 0.0
         self._active_mirrored = True  # active == allocation stats until a deferred free
+        self._update_extras()
+
+    @property
+    def history(self) -> list | None:
+        """The list receiving snapshot-style trace entries, or None (may be switched any time)."""
+        return self._history
+
+    @history.setter
+    def history(self, history: list | None) -> None:
+        self._history = history
+        self._update_extras()
+
+    def _update_extras(self) -> None:
+        # malloc and free skip their rarely needed steps unless one applies: recording the
+        # history, counting oversize blocks (max_split_size set), active stats apart.
+        self._extras = self._history is not None or self._max_split < 2**64 - 1 \
+            or not self._active_mirrored
 
     # ------------------------------------------------------------------ statistics
-    def _increase(self, stat: int, pool_type: int, amount: int) -> None:
-        cur, peak = self.cur, self.peak
-        for i in (stat * 3, stat * 3 + pool_type):
-            v = cur[i] + amount
-            cur[i] = v
-            if v > peak[i]:
-                peak[i] = v
+    def _increase(self, name: str, pool: BlockPool, amount: int) -> None:
+        """``increase_stat`` on ``pool``'s row and the "all" row (``name`` from STAT_NAMES)."""
+        st = pool.stats
+        v = getattr(st, name) + amount
+        setattr(st, name, v)
+        if v > getattr(st, name + "_peak"):
+            setattr(st, name + "_peak", v)
+        v += getattr(st.other, name)  # the "all" value
+        if v > getattr(self.all_peak, name):
+            setattr(self.all_peak, name, v)
+        if name == "allocated_bytes" or name == "reserved_bytes":
+            self.cur[STAT_NAMES.index(name) * 3] = v
 
-    def _decrease(self, stat: int, pool_type: int, amount: int) -> None:
-        cur, freed = self.cur, self.freed
-        for i in (stat * 3, stat * 3 + pool_type):
-            cur[i] -= amount
-            freed[i] += amount
+    def _decrease(self, name: str, pool: BlockPool, amount: int) -> None:
+        """``decrease_stat`` on ``pool``'s row (the "all" row is the sum of the pools)."""
+        st = pool.stats
+        setattr(st, name, getattr(st, name) - amount)
+        setattr(st, name + "_freed", getattr(st, name + "_freed") + amount)
+        if name == "allocated_bytes" or name == "reserved_bytes":
+            self.cur[STAT_NAMES.index(name) * 3] -= amount
 
     def stat(self, name: str, pool: str = "all", field: str = "current") -> int:
         if self._active_mirrored and name in ("active", "active_bytes"):
             name = "allocation" if name == "active" else "allocated_bytes"
-        i = STAT_NAMES.index(name) * 3 + POOL_TYPES.index(pool)
+        STAT_NAMES.index(name)  # ValueError if unknown
+        t = POOL_TYPES.index(pool)
+        rows = self._pool_stats if t == 0 else (self._pool_stats[t - 1],)
         if field == "current":
-            return self.cur[i]
+            return sum(getattr(r, name) for r in rows)
         if field == "peak":
-            return self.peak[i]
+            return getattr(self.all_peak if t == 0 else rows[0], name if t == 0 else name + "_peak")
         if field == "freed":
-            return self.freed[i]
-        if field == "allocated":
-            return self.cur[i] - self.base[i] + self.freed[i]
+            return sum(getattr(r, name + "_freed") for r in rows)
+        if field == "allocated":  # cumulative: current - base + freed
+            return sum(getattr(r, name) - getattr(r, name + "_base") + getattr(r, name + "_freed")
+                       for r in rows)
         raise KeyError(f"unknown statistic field {field!r}; expected one of {STAT_FIELDS}")
 
     def memory_stats(self) -> dict[str, int]:
@@ -292,26 +364,32 @@ class CachingAllocator:
         return dict(sorted(out.items()))
 
     def memory_allocated(self) -> int:
-        return self.cur[ALLOCATED_BYTES * 3]
+        return self.cur[_AB_ALL]
 
     def max_memory_allocated(self) -> int:
-        return self.peak[ALLOCATED_BYTES * 3]
+        return self.all_peak.allocated_bytes
 
     def memory_reserved(self) -> int:
-        return self.cur[RESERVED_BYTES * 3]
+        return self.cur[_RB_ALL]
 
     def max_memory_reserved(self) -> int:
-        return self.peak[RESERVED_BYTES * 3]
+        return self.all_peak.reserved_bytes
 
     def reset_peak_stats(self) -> None:
         """``reset_peak_memory_stats``: every peak becomes its current value."""
-        self.peak[:] = self.cur
+        small, large = self._pool_stats
+        for name in STAT_NAMES:
+            setattr(small, name + "_peak", getattr(small, name))
+            setattr(large, name + "_peak", getattr(large, name))
+            setattr(self.all_peak, name, getattr(small, name) + getattr(large, name))
         self.oversize_allocations[1] = self.oversize_allocations[0]
         self.oversize_segments[1] = self.oversize_segments[0]
 
     def reset_accumulated_stats(self) -> None:
-        self.base[:] = self.cur
-        self.freed[:] = [0] * len(self.freed)
+        for st in self._pool_stats:
+            for name in STAT_NAMES:
+                setattr(st, name + "_base", getattr(st, name))
+                setattr(st, name + "_freed", 0)
         self.num_alloc_retries = self.num_ooms = self.num_sync_all_streams = 0
         self.num_device_alloc = self.num_device_free = 0
 
@@ -325,7 +403,7 @@ class CachingAllocator:
         self.set_fraction = True
 
     def _record(self, action: str, addr: int, size: int, stream: int) -> None:
-        self.history.append({"action": action, "addr": addr, "size": size, "stream": stream})  # type: ignore[union-attr]
+        self._history.append({"action": action, "addr": addr, "size": size, "stream": stream})  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ sizes
     def round_size(self, size: int) -> int:
@@ -359,17 +437,18 @@ class CachingAllocator:
         elif self._rounds:
             size = self.round_size(orig_size)
         else:
-            size = (orig_size + K_MIN_BLOCK_SIZE - 1) & -K_MIN_BLOCK_SIZE
+            size = (orig_size + _ROUND_UP) & _ROUND_MASK  # up to a multiple of 512
         pool = self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
+        sl = pool.free.get(stream)  # this stream's sorted free keys (None: nothing cached yet)
         block = None
         if self._plain:
-            sl = pool.free.get(stream)
+            # get_free_block under the default rules: the first key >= (size, 0) is the best fit
+            # (IndexError: every cached block is smaller).
             if sl:
-                i = bisect_left(sl, size << _ADDR_BITS)
-                if i < len(sl):
-                    key = sl[i]
-                    del sl[i]
-                    block = pool.blocks.pop(key)
+                try:
+                    block = pool.blocks.pop(sl.pop(bisect_left(sl, size << _ADDR_BITS)))
+                except IndexError:
+                    pass
         else:
             block = self.get_free_block(pool, size, stream)
         if block is None:
@@ -383,114 +462,108 @@ class CachingAllocator:
                 block = self.alloc_block(pool, size, alloc_size, stream, True)
             if block is None:
                 self._raise_oom(orig_size, alloc_size, stream)
-        remaining = block.size - size
-        if pool.is_small or self._expandable:
-            split_remainder = remaining >= K_MIN_BLOCK_SIZE
-        else:
-            split_remainder = size < self._max_split and remaining > K_SMALL_SIZE
         # alloc_found_block, written out here (one call less on the hot path):
-        pool = block.pool
-        pt = pool.pt
-        cur, peak, freed = self.cur, self.peak, self.freed
-        already_split = block.prev is not None or block.next is not None
-        if split_remainder:
+        st = pool.stats  # this pool's statistics; "all" = st + st.other
+        top = self.all_peak
+        rest = block.size - size
+        # should_split, written as a condition (a compare feeding a jump runs faster):
+        if (rest >= K_MIN_BLOCK_SIZE if pool.is_small or self._expandable
+                else rest > K_SMALL_SIZE and size < self._max_split):
             remaining = block
-            block = Block(remaining.addr, size, remaining.stream, pool)
-            prev = remaining.prev
-            if prev is not None:
-                block.prev = prev
-                prev.next = block
+            # block = new Block(remaining.addr, size, ...) in front of remaining, its fields
+            # set here directly (skipping Block.__init__ saves a call per split):
+            block = _new_block(Block)
+            block.addr = remaining.addr
+            block.size = size
+            block.stream = stream
+            block.pool = pool
+            prev = block.prev = remaining.prev
             block.next = remaining
+            block.allocated = False
+            block.requested = 0
+            block.mapped = True
+            block.expandable = remaining.expandable
+            block.stream_uses = None
+            block.pending = False
+            block.gc_base = 0
+            block.key = 0
+            if prev is not None:
+                prev.next = block
+            else:
+                self._set_head(block)
             remaining.prev = block
             raddr = remaining.addr = remaining.addr + size
-            rsize = remaining.size = remaining.size - size
-            # pool.insert(remaining), written out
-            key = (rsize << _ADDR_BITS) | raddr
-            sl = pool.free.get(remaining.stream)
+            remaining.size = rest
+            # pool.insert(remaining), written out: same pool and stream, so the same list
+            key = remaining.key = (rest << _ADDR_BITS) | raddr
             if sl is None:
-                sl = pool.free[remaining.stream] = []
+                sl = pool.free.setdefault(stream, [])
             insort(sl, key)
             pool.blocks[key] = remaining
             remaining.gc_base = pool.get_free_blocks_call_count
-            if remaining.expandable is not None:
-                block.expandable = remaining.expandable
-            elif already_split:  # an inactive split block shrinks by size
-                i = _ISB + pt
-                cur[_ISB] -= size
-                cur[i] -= size
-                freed[_ISB] += size
-                freed[i] += size
-            else:  # a new inactive split block appears
-                i = _ISB + pt
-                v = cur[_ISB] + rsize
-                cur[_ISB] = v
-                if v > peak[_ISB]:
-                    peak[_ISB] = v
-                v = cur[i] + rsize
-                cur[i] = v
-                if v > peak[i]:
-                    peak[i] = v
-                i = _IS + pt
-                v = cur[_IS] + 1
-                cur[_IS] = v
-                if v > peak[_IS]:
-                    peak[_IS] = v
-                v = cur[i] + 1
-                cur[i] = v
-                if v > peak[i]:
-                    peak[i] = v
-        elif already_split and block.expandable is None:  # a whole inactive split block goes
+            if block.expandable is None:  # (expandable segments keep no inactive split stats)
+                if prev is not None or remaining.next is not None:
+                    # remaining was an inactive split block already: it shrinks by size
+                    st.inactive_split_bytes -= size
+                    st.inactive_split_bytes_freed += size
+                else:  # a new inactive split block appears
+                    v = st.inactive_split_bytes + rest
+                    st.inactive_split_bytes = v
+                    if v > st.inactive_split_bytes_peak:
+                        st.inactive_split_bytes_peak = v
+                    v += st.other.inactive_split_bytes
+                    if v > top.inactive_split_bytes:
+                        top.inactive_split_bytes = v
+                    v = st.inactive_split + 1
+                    st.inactive_split = v
+                    if v > st.inactive_split_peak:
+                        st.inactive_split_peak = v
+                    v += st.other.inactive_split
+                    if v > top.inactive_split:
+                        top.inactive_split = v
+        elif (block.prev is not None or block.next is not None) and block.expandable is None:
+            # a whole inactive split block goes
             bsize = block.size
-            i = _ISB + pt
-            cur[_ISB] -= bsize
-            cur[i] -= bsize
-            freed[_ISB] += bsize
-            freed[i] += bsize
-            i = _IS + pt
-            cur[_IS] -= 1
-            cur[i] -= 1
-            freed[_IS] += 1
-            freed[i] += 1
+            st.inactive_split_bytes -= bsize
+            st.inactive_split_bytes_freed += bsize
+            st.inactive_split -= 1
+            st.inactive_split_freed += 1
         block.allocated = True
         block.requested = orig_size
-        self.active_blocks.add(block)
         bsize = block.size
         # allocation count, allocated bytes, requested bytes (+ active ones once they differ)
-        v = cur[0] + 1
-        cur[0] = v
-        if v > peak[0]:
-            peak[0] = v
-        v = cur[pt] + 1
-        cur[pt] = v
-        if v > peak[pt]:
-            peak[pt] = v
-        i = _AB + pt
-        v = cur[_AB] + bsize
-        cur[_AB] = v
-        if v > peak[_AB]:
-            peak[_AB] = v
-        v = cur[i] + bsize
-        cur[i] = v
-        if v > peak[i]:
-            peak[i] = v
-        i = _RB + pt
-        v = cur[_RB] + orig_size
-        cur[_RB] = v
-        if v > peak[_RB]:
-            peak[_RB] = v
-        v = cur[i] + orig_size
-        cur[i] = v
-        if v > peak[i]:
-            peak[i] = v
-        if not self._active_mirrored:
-            self._increase(ACTIVE, pt, 1)
-            self._increase(ACTIVE_BYTES, pt, bsize)
-        if bsize >= self._max_split:
-            self._bump(self.oversize_allocations, 1)
-        if self.history is not None:
-            self._record("alloc", block.addr, orig_size, block.stream)
+        other = st.other
+        v = st.allocation + 1
+        st.allocation = v
+        if v > st.allocation_peak:
+            st.allocation_peak = v
+        v += other.allocation
+        if v > top.allocation:
+            top.allocation = v
+        v = st.allocated_bytes + bsize
+        st.allocated_bytes = v
+        if v > st.allocated_bytes_peak:
+            st.allocated_bytes_peak = v
+        v += other.allocated_bytes
+        self.cur[_AB_ALL] = v
+        if v > top.allocated_bytes:
+            top.allocated_bytes = v
+        v = st.requested_bytes + orig_size
+        st.requested_bytes = v
+        if v > st.requested_bytes_peak:
+            st.requested_bytes_peak = v
+        v += other.requested_bytes
+        if v > top.requested_bytes:
+            top.requested_bytes = v
+        if self._extras:
+            if not self._active_mirrored:
+                self._increase("active", pool, 1)
+                self._increase("active_bytes", pool, bsize)
+            if bsize >= self._max_split:
+                self._bump(self.oversize_allocations, 1)
+            if self._history is not None:
+                self._record("alloc", block.addr, orig_size, block.stream)
         return block
-
 
     def get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         if self.set_fraction and self.config.garbage_collection_threshold > 0.0:
@@ -558,14 +631,13 @@ class CachingAllocator:
             raise ValueError(f"device address 0x{addr:x} does not fit in {_ADDR_BITS} bits")
         self.total_allocated_memory += alloc_size
         block = Block(addr, alloc_size, stream, pool)
-        pt = 1 if pool.is_small else 2
-        self._increase(SEGMENT, pt, 1)
-        self._increase(RESERVED_BYTES, pt, alloc_size)
+        self._increase("segment", pool, 1)
+        self._increase("reserved_bytes", pool, alloc_size)
         if alloc_size >= self._max_split:
             self._bump(self.oversize_segments, 1)
         self.num_device_alloc += 1
-        self.segments[addr] = Segment(addr, alloc_size, stream, pool.is_small)
-        if self.history is not None:
+        self.segments[addr] = Segment(addr, alloc_size, stream, pool.is_small, block)
+        if self._history is not None:
             self._record("segment_alloc", addr, alloc_size, stream)
         return block
 
@@ -577,7 +649,7 @@ class CachingAllocator:
 
     def _raise_oom(self, orig_size: int, alloc_size: int, stream: int) -> None:
         self.num_ooms += 1
-        if self.history is not None:
+        if self._history is not None:
             self._record("oom", 0, alloc_size, stream)
         allocated = self.memory_allocated()
         reserved = self.memory_reserved()
@@ -599,27 +671,23 @@ class CachingAllocator:
         free neighbours. ``_completing`` is the second half for a deferred block.
         """
         pool = block.pool
-        pt = pool.pt
-        cur, freed = self.cur, self.freed
-        history = self.history
+        st = pool.stats  # this pool's statistics
+        extras = self._extras
         if not _completing:
             if not block.allocated:
                 raise ValueError(f"{block!r} is not allocated (double free?)")
             block.allocated = False
             size = block.size
-            cur[0] -= 1
-            cur[pt] -= 1
-            freed[0] += 1
-            freed[pt] += 1
-            i = _AB + pt
-            cur[_AB] -= size
-            cur[i] -= size
-            freed[_AB] += size
-            freed[i] += size
-            if history is not None:
-                self._record("free_requested", block.addr, block.requested, block.stream)
-            if size >= self._max_split:
-                self.oversize_allocations[0] -= 1
+            st.allocation -= 1
+            st.allocation_freed += 1
+            st.allocated_bytes -= size
+            st.allocated_bytes_freed += size
+            self.cur[_AB_ALL] -= size
+            if extras:
+                if self._history is not None:
+                    self._record("free_requested", block.addr, block.requested, block.stream)
+                if size >= self._max_split:
+                    self.oversize_allocations[0] -= 1
             if block.stream_uses:
                 if self._active_mirrored:
                     self._unmirror_active(block)
@@ -627,22 +695,19 @@ class CachingAllocator:
                 block.stream_uses = None
                 self.pending_frees.append(block)
                 return
-        if history is not None:
+        if extras and self._history is not None:
             self._record("free_completed", block.addr, block.requested, block.stream)
         original_size = block.size
-        requested = block.requested
-        net_blocks = 0
-        net_bytes = 0
+        merged = 0  # free neighbours absorbed
         mapped = block.mapped
         blocks = pool.blocks
+        sl = pool.free.get(block.stream)  # neighbours share the block's pool and stream
         prev = block.prev
-        if prev is not None and not prev.allocated and not prev.pending and prev.mapped == mapped:
+        if prev is not None and not prev.allocated and not prev.pending and prev.mapped is mapped:
             # try_merge_blocks(block, prev), written out for mapped blocks
-            net_blocks -= 1
-            net_bytes -= prev.size
+            merged = 1
             if mapped:
-                key = (prev.size << _ADDR_BITS) | prev.addr
-                sl = pool.free[prev.stream]
+                key = prev.key
                 del sl[bisect_left(sl, key)]
                 del blocks[key]
             else:
@@ -652,13 +717,13 @@ class CachingAllocator:
             pp = block.prev = prev.prev
             if pp is not None:
                 pp.next = block
+            else:
+                self._set_head(block)
         nxt = block.next
-        if nxt is not None and not nxt.allocated and not nxt.pending and nxt.mapped == mapped:
-            net_blocks -= 1
-            net_bytes -= nxt.size
+        if nxt is not None and not nxt.allocated and not nxt.pending and nxt.mapped is mapped:
+            merged += 1
             if mapped:
-                key = (nxt.size << _ADDR_BITS) | nxt.addr
-                sl = pool.free[nxt.stream]
+                key = nxt.key
                 del sl[bisect_left(sl, key)]
                 del blocks[key]
             else:
@@ -667,72 +732,63 @@ class CachingAllocator:
             nn = block.next = nxt.next
             if nn is not None:
                 nn.prev = block
-        self.active_blocks.discard(block)
         # pool.insert(block), written out
-        key = (block.size << _ADDR_BITS) | block.addr
-        sl = pool.free.get(block.stream)
+        key = block.key = (block.size << _ADDR_BITS) | block.addr
         if sl is None:
-            sl = pool.free[block.stream] = []
+            sl = pool.free.setdefault(block.stream, [])
         insort(sl, key)
         blocks[key] = block
         block.gc_base = pool.get_free_blocks_call_count
-        if block.prev is not None or block.next is not None:
-            net_blocks += 1
-            net_bytes += block.size
-        peak = self.peak
         if block.expandable is None:
-            if net_blocks > 0:
-                v = cur[_IS] + net_blocks
-                cur[_IS] = v
-                if v > peak[_IS]:
-                    peak[_IS] = v
-                i = _IS + pt
-                v = cur[i] + net_blocks
-                cur[i] = v
-                if v > peak[i]:
-                    peak[i] = v
-            elif net_blocks < 0:
-                cur[_IS] += net_blocks
-                cur[_IS + pt] += net_blocks
-                freed[_IS] -= net_blocks
-                freed[_IS + pt] -= net_blocks
-            if net_bytes > 0:
-                v = cur[_ISB] + net_bytes
-                cur[_ISB] = v
-                if v > peak[_ISB]:
-                    peak[_ISB] = v
-                i = _ISB + pt
-                v = cur[i] + net_bytes
-                cur[i] = v
-                if v > peak[i]:
-                    peak[i] = v
-            elif net_bytes < 0:
-                cur[_ISB] += net_bytes
-                cur[_ISB + pt] += net_bytes
-                freed[_ISB] -= net_bytes
-                freed[_ISB + pt] -= net_bytes
-        i = _RB + pt
-        cur[_RB] -= requested
-        cur[i] -= requested
-        freed[_RB] += requested
-        freed[i] += requested
-        if not self._active_mirrored:
-            self._decrease(ACTIVE, pt, 1)
-            self._decrease(ACTIVE_BYTES, pt, original_size)
+            # Inactive split blocks: the merged neighbours were ones; the block becomes one
+            # unless its segment is whole again (net: + its own size, or - the neighbours').
+            if block.prev is not None or block.next is not None:
+                if merged == 0:
+                    v = st.inactive_split + 1
+                    st.inactive_split = v
+                    if v > st.inactive_split_peak:
+                        st.inactive_split_peak = v
+                    v += st.other.inactive_split
+                    if v > self.all_peak.inactive_split:
+                        self.all_peak.inactive_split = v
+                elif merged == 2:
+                    st.inactive_split -= 1
+                    st.inactive_split_freed += 1
+                v = st.inactive_split_bytes + original_size
+                st.inactive_split_bytes = v
+                if v > st.inactive_split_bytes_peak:
+                    st.inactive_split_bytes_peak = v
+                v += st.other.inactive_split_bytes
+                if v > self.all_peak.inactive_split_bytes:
+                    self.all_peak.inactive_split_bytes = v
+            elif merged:
+                gone = block.size - original_size
+                st.inactive_split -= merged
+                st.inactive_split_freed += merged
+                st.inactive_split_bytes -= gone
+                st.inactive_split_bytes_freed += gone
+        requested = block.requested
+        st.requested_bytes -= requested
+        st.requested_bytes_freed += requested
+        if extras and not self._active_mirrored:
+            self._decrease("active", pool, 1)
+            self._decrease("active_bytes", pool, original_size)
 
     def _unmirror_active(self, block: Block) -> None:
         """Active stats equal allocation stats until a free is first deferred; split them."""
         self._active_mirrored = False
-        for src, dst in ((ALLOCATION, ACTIVE), (ALLOCATED_BYTES, ACTIVE_BYTES)):
-            for t in range(3):
-                for arr in (self.cur, self.peak, self.freed, self.base):
-                    arr[dst * 3 + t] = arr[src * 3 + t]
-        pt = 1 if block.pool.is_small else 2
+        self._update_extras()
+        for src, dst in (("allocation", "active"), ("allocated_bytes", "active_bytes")):
+            for st in self._pool_stats:
+                for f in ("", "_peak", "_freed", "_base"):
+                    setattr(st, dst + f, getattr(st, src + f))
+            setattr(self.all_peak, dst, getattr(self.all_peak, src))
         # The block being deferred is still active: undo its share of the decrease.
-        for stat, amount in ((ACTIVE, 1), (ACTIVE_BYTES, block.size)):
-            for i in (stat * 3, stat * 3 + pt):
-                self.cur[i] += amount
-                self.freed[i] -= amount
+        st = block.pool.stats
+        st.active += 1
+        st.active_freed -= 1
+        st.active_bytes += block.size
+        st.active_bytes_freed -= block.size
 
     def record_stream(self, block: Block, stream: int) -> None:
         """``Tensor.record_stream``: the block was used on ``stream`` too."""
@@ -767,6 +823,8 @@ class CachingAllocator:
             dst.prev = src.prev
             if dst.prev is not None:
                 dst.prev.next = dst
+            else:
+                self._set_head(dst)
         else:
             dst.next = src.next
             if dst.next is not None:
@@ -783,13 +841,12 @@ class CachingAllocator:
     def release_block(self, block: Block) -> None:
         """cudaFree a whole cached segment."""
         self.num_device_free += 1
-        if self.history is not None:
+        if self._history is not None:
             self._record("segment_free", block.addr, block.size, block.stream)
         self._device_free(block.addr, block.size)
         self.total_allocated_memory -= block.size
-        pt = 1 if block.pool.is_small else 2
-        self._decrease(SEGMENT, pt, 1)
-        self._decrease(RESERVED_BYTES, pt, block.size)
+        self._decrease("segment", block.pool, 1)
+        self._decrease("reserved_bytes", block.pool, block.size)
         if block.size >= self._max_split:
             self.oversize_segments[0] -= 1
         block.pool.erase(block)
@@ -907,6 +964,7 @@ class CachingAllocator:
         c = Block(base, vsize, stream, pool)
         c.mapped = False
         c.expandable = es
+        es.head = c
         self._unmapped_insert(c)
         return c
 
@@ -946,9 +1004,9 @@ class CachingAllocator:
                 self._merge(b, nb, pool)
         pool.insert(b)
         self.total_allocated_memory += mapped_size
-        self._increase(RESERVED_BYTES, 1 if pool.is_small else 2, mapped_size)
+        self._increase("reserved_bytes", pool, mapped_size)
         self.num_device_alloc += 1
-        if self.history is not None:
+        if self._history is not None:
             self._record("segment_map", b.addr, mapped_size, b.stream)
         return True
 
@@ -986,6 +1044,8 @@ class CachingAllocator:
             bf.prev, bf.next = block.prev, block
             if block.prev is not None:
                 block.prev.next = bf
+            else:
+                es.head = bf
             block.prev = bf
             pool.insert(bf)
         after = block.size - before - nbytes
@@ -1007,9 +1067,9 @@ class CachingAllocator:
         self._unmapped_insert(block)
         es.mapped_pages.difference_update(range(first, last))
         self.total_allocated_memory -= nbytes
-        self._decrease(RESERVED_BYTES, 1 if pool.is_small else 2, nbytes)
+        self._decrease("reserved_bytes", pool, nbytes)
         self.num_device_free += 1
-        if self.history is not None:
+        if self._history is not None:
             self._record("segment_unmap", start, nbytes, block.stream)
 
     # ------------------------------------------------------------------ state
@@ -1021,13 +1081,12 @@ class CachingAllocator:
         order. Returns the Block objects, allocated ones to be freed later by the caller.
         """
         pool = self.small_blocks if is_small else self.large_blocks
-        pt = 1 if is_small else 2
         if sum(b[1] for b in blocks) != size or (blocks and blocks[0][0] != addr):
             raise ValueError(f"blocks do not tile segment 0x{addr:x} of {size} bytes")
         self.segments[addr] = Segment(addr, size, stream, is_small)
         self.total_allocated_memory += size
-        self._increase(SEGMENT, pt, 1)
-        self._increase(RESERVED_BYTES, pt, size)
+        self._increase("segment", pool, 1)
+        self._increase("reserved_bytes", pool, size)
         if size >= self._max_split:
             self._bump(self.oversize_segments, 1)
         out: list[Block] = []
@@ -1039,54 +1098,54 @@ class CachingAllocator:
                 prev.next = b
             prev = b
             out.append(b)
+        self.segments[addr].head = out[0] if out else None
         split = len(out) > 1
         for b, (_, bsize, allocated, requested) in zip(out, blocks):
             if allocated:
                 b.allocated = True
                 b.requested = requested
-                self.active_blocks.add(b)
-                for stat, amount in ((ALLOCATION, 1), (ALLOCATED_BYTES, bsize), (ACTIVE, 1),
-                                     (ACTIVE_BYTES, bsize), (REQUESTED_BYTES, requested)):
-                    self._increase(stat, pt, amount)
+                for name, amount in (("allocation", 1), ("allocated_bytes", bsize), ("active", 1),
+                                     ("active_bytes", bsize), ("requested_bytes", requested)):
+                    self._increase(name, pool, amount)
                 if bsize >= self._max_split:
                     self._bump(self.oversize_allocations, 1)
             else:
                 pool.insert(b)
                 if split:
-                    self._increase(INACTIVE_SPLIT, pt, 1)
-                    self._increase(INACTIVE_SPLIT_BYTES, pt, bsize)
+                    self._increase("inactive_split", pool, 1)
+                    self._increase("inactive_split_bytes", pool, bsize)
         return out
 
     def iter_segments(self) -> Iterator[tuple[int, int, int, bool, bool, list[Block]]]:
         """(addr, total_size, stream, is_small, is_expandable, blocks) for every segment.
 
         Expandable segments are reported as one segment per contiguous mapped range,
-        as PyTorch's snapshot does.
+        as PyTorch's snapshot does. (C++ finds allocated blocks through an ``active_blocks``
+        set; here every segment knows its first block, so malloc and free keep no set.)
         """
-        blocks: list[Block] = list(self.active_blocks)  # includes frees pending on streams
-        for pool in (self.small_blocks, self.large_blocks):
-            blocks.extend(pool.blocks.values())
-        blocks.sort(key=lambda b: b.addr)
-        by_seg: dict[int, list[Block]] = {a: [] for a in self.segments}
-        seg_addrs = sorted(self.segments)
-        exp_blocks: list[Block] = []
-        for b in blocks:
-            if b.expandable is not None:
-                exp_blocks.append(b)
-                continue
-            j = bisect_right(seg_addrs, b.addr) - 1
-            by_seg[seg_addrs[j]].append(b)
-        for a in seg_addrs:
+        for a in sorted(self.segments):
             s = self.segments[a]
-            yield a, s.size, s.stream, s.is_small, False, by_seg[a]
-        run: list[Block] = []
-        for b in exp_blocks + [None]:  # type: ignore[list-item]
-            if run and (b is None or run[-1].next is not b or b.expandable is not run[-1].expandable):
-                es = run[0].expandable
-                yield run[0].addr, sum(x.size for x in run), es.stream, es.pool.is_small, True, run  # type: ignore[union-attr]
-                run = []
-            if b is not None:
-                run.append(b)
+            yield a, s.size, s.stream, s.is_small, False, _chain(s.head)
+        runs: list[list[Block]] = []
+        for es in self.expandable_segments:
+            run: list[Block] = []
+            for b in _chain(es.head) + [None]:  # type: ignore[list-item]
+                if b is not None and b.mapped:
+                    run.append(b)
+                elif run:
+                    runs.append(run)
+                    run = []
+        runs.sort(key=lambda r: r[0].addr)
+        for run in runs:
+            es = run[0].expandable
+            yield run[0].addr, sum(x.size for x in run), es.stream, es.pool.is_small, True, run  # type: ignore[union-attr]
+
+    def _set_head(self, b: Block) -> None:
+        """``b`` now starts its segment (it was split off the front, or absorbed the front)."""
+        if b.expandable is not None:
+            b.expandable.head = b
+        else:
+            self.segments[b.addr].head = b
 
     def check_invariants(self) -> None:
         """Assert the structural invariants (used by tests): tiling, no overlap, stats."""
@@ -1110,11 +1169,21 @@ class CachingAllocator:
                     if not is_small and b.is_split():
                         assert b.size > K_SMALL_SIZE, f"free large-pool block of {b.size} <= 1 MiB"
             assert cursor == addr + size, f"segment 0x{addr:x} not tiled"
-        for t in range(3):
-            assert self.cur[ALLOCATED_BYTES * 3 + t] == alloc_bytes[t], "allocated_bytes != recount"
-            assert self.cur[RESERVED_BYTES * 3 + t] == reserved[t], "reserved_bytes != recount"
+        for t, pool_type in enumerate(POOL_TYPES):
+            assert self.stat("allocated_bytes", pool_type) == alloc_bytes[t], "allocated_bytes != recount"
+            assert self.stat("reserved_bytes", pool_type) == reserved[t], "reserved_bytes != recount"
+        assert self.cur[_AB_ALL] == alloc_bytes[0] and self.cur[_RB_ALL] == reserved[0]
         assert self.memory_allocated() <= self.memory_reserved()
         assert self.total_allocated_memory == self.memory_reserved()
+
+
+def _chain(b: Block | None) -> list[Block]:
+    """``b`` and the blocks after it (``next`` links), in address order."""
+    out = []
+    while b is not None:
+        out.append(b)
+        b = b.next
+    return out
 
 
 def _roundup_power2_next_division(size: int, divisions: int) -> int:
