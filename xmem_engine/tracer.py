@@ -28,9 +28,11 @@ How it works
   and their backwards, copies, simple in-place ops) take shortcuts in fake mode that give the
   outputs FakeTensorMode's kernels give, faster (``tests/test_tracer_fastpaths.py``).
 * The tracer records what this CPU run does with the CUDA defaults it can see at trace
-  time (tensors report ``cuda``, so optimizers pick ``foreach``); kernels that allocate
-  differently on a GPU (SDPA backends, cuBLAS / cuDNN workspaces, autocast cast lists) are
-  ``cuda_behaviour.py``'s business. oneDNN is switched off so that real CPU execution takes
+  time (tensors report ``cuda``, so optimizers pick ``foreach``). Two kernels are rewritten
+  to allocate as on the target GPU: dropout (``native_dropout``'s bool mask) and
+  ``scaled_dot_product_attention`` (the backend CUDA would pick for the target's compute
+  capability, ``sdpa.py``); other differences (cuBLAS / cuDNN workspaces, autocast cast
+  lists) are ``cuda_behaviour.py``'s business. oneDNN is switched off so that real CPU execution takes
   the same generic kernels as fake tensors.
 * Module hooks give the module path (dotted, relative to the top-level module; the
   top-level module's own ops carry its variable name, or its class name). Backward ops get
@@ -103,6 +105,7 @@ from xmem_engine.trace import (
     Trace,
     TraceEvent,
 )
+from xmem_engine import sdpa
 from xmem_engine.fake_fastpaths import FAST_FAKE
 from xmem_engine.shadow_values import Shadows
 from xmem_engine.user_state import UserState
@@ -1099,6 +1102,8 @@ class _DeviceMode(TorchFunctionMode):
             torch.autograd.grad: self._backward,
             torch.nn.functional.dropout: self._dropout,
             torch.dropout: self._dropout,
+            # SDPA as the target GPU's backend (flash / efficient / cuDNN / math) allocates.
+            torch.nn.functional.scaled_dot_product_attention: sdpa.tracer_handler(tracer),
         }
         if tracer.fake:
             self.special.update({

@@ -161,6 +161,7 @@ class UserState:
                 self.originals[key] = storage.clone()
 
 
+_SDP = ("flash", "mem_efficient", "math", "cudnn")
 _SETTINGS = (
     ("cudnn.benchmark", lambda: torch.backends.cudnn.benchmark,
      lambda v: setattr(torch.backends.cudnn, "benchmark", v)),
@@ -174,6 +175,11 @@ _SETTINGS = (
     ("deterministic", torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
     ("grad_enabled", torch.is_grad_enabled, torch.set_grad_enabled),
     ("num_threads", torch.get_num_threads, torch.set_num_threads),
+    # SDPA backend switches (torch.backends.cuda.enable_*_sdp, sdpa_kernel): the tracer reads them.
+    ("cuda.sdp_enabled", lambda: tuple(getattr(torch.backends.cuda, f"{n}_sdp_enabled")() for n in _SDP),
+     lambda v: [getattr(torch.backends.cuda, f"enable_{n}_sdp")(x) for n, x in zip(_SDP, v)]),
+    ("cuda.sdp_priority_order", lambda: tuple(torch._C._get_sdp_priority_order()),
+     lambda v: torch._C._set_sdp_priority_order(list(v))),
 )
 
 
