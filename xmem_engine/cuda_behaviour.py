@@ -1,16 +1,23 @@
 """What a CUDA run allocates that the same code traced on the CPU does not.
 
 The tracer records the requests of a CPU run of the user's code (with the CUDA choices it can
-make at trace time already made: see tracer.py). What depends on the *target GPU* is added
-here, so that switching GPUs re-simulates the same trace without re-tracing:
+make at trace time already made: see tracer.py). What depends on the *target GPU* and on the
+*PyTorch version* is added here, so that switching either re-simulates the same trace without
+re-tracing:
 
 * cuBLAS workspaces. PyTorch gives each (cuBLAS handle, stream) a workspace from the caching
   allocator at its first GEMM and keeps it for the life of the process. The autograd engine
   runs backward on its own thread, with its own handle, so a training step holds two:
   2 x 8,519,680 B (``CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8``) on most GPUs, 2 x 32 MiB on
-  sm90+ (the catalog's ``cublas_workspace_bytes``). The real recordings in
-  ../shared/allocator-traces show exactly these blocks, allocated right after the output
-  of the first GEMM of the forward and of the backward pass.
+  sm90+ (the catalog's ``cublas_workspace_bytes``; sm100/sm120 only from PyTorch 2.12, PR
+  #175344). The real recordings in ../shared/allocator-traces show exactly these blocks,
+  allocated right after the output of the first GEMM of the forward and of the backward pass.
+* cuBLASLt workspaces (:data:`LT_WORKSPACE_MODES`). ``addmm`` with a 1-D bias (``nn.Linear``
+  forward), ``_addmm_activation`` and ``_scaled_mm`` run ``cublasLtMatmul``, whose workspace
+  (``CUBLASLT_WORKSPACE_SIZE`` KiB, default 1024) was allocated and freed around every call
+  up to PyTorch 2.8, is kept per (handle, stream) in 2.9-2.11, and is the cuBLAS workspace
+  itself from 2.12 (``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` opts in from 2.8, out from 2.12).
+  Backward GEMMs are plain ``mm`` and never take this path.
 * Library memory outside the allocator (:func:`library_bytes`): kernels of cuBLAS and
   cuDNN loaded on first use, which nvidia-smi counts but the allocator never sees.
 """
@@ -19,9 +26,10 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 
 from xmem_engine.gpus import GPU
-from xmem_engine.trace import ALLOC, Trace, TraceEvent
+from xmem_engine.trace import ALLOC, FREE, Trace, TraceEvent
 
 # aten ops that run on cuBLAS on a GPU (names without overload).
 GEMM_OPS = frozenset({
@@ -34,6 +42,36 @@ CONV_OPS = frozenset({
     "aten.conv3d", "aten.convolution_backward", "aten.cudnn_convolution_transpose", "aten.conv_transpose2d",
 })
 WORKSPACE_OP = "cublas.workspace"
+LT_WORKSPACE_OP = "cublaslt.workspace"
+
+# aten ops that run cublasLtMatmul (Blas.cpp addmm_out_cuda_impl -> gemm_and_bias when
+# isInputCompliesAddmmCudaLt / useLtInterface holds; _scaled_mm -> scaled_gemm always).
+# The trace has the output only, so "1-D contiguous bias, beta == 1" is assumed for addmm
+# (what nn.Linear calls); dtype and "sizes > 1" are checked on the output.
+LT_OPS = frozenset({"aten.addmm", "aten._addmm_activation"})
+LT_ALWAYS_OPS = frozenset({"aten._scaled_mm"})
+LT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
+
+PER_CALL, PERSISTENT, UNIFIED = "per-call", "persistent", "unified"
+# Where the cuBLASLt workspace comes from, by the first PyTorch release that does it so.
+LT_WORKSPACE_MODES: tuple[tuple[tuple[int, int], str], ...] = (
+    # CUDABlas.cpp gemm_and_bias/scaled_gemm: `allocator.allocate(_getWorkspaceSize())`, from 2.6
+    # `at::empty(workspaceSize, kByte)` (PR #139442), freed on return; default 1024 KiB
+    # ("default size in KiB according to #73328", PR #73439; env from PR #101145).
+    ((2, 0), PER_CALL),
+    # PR #156495 "cublaslt/hipblaslt persistent workspace" (merged 2025-06-27, after the 2.8
+    # branch cut of 2025-06-23, issue #156745): getCUDABlasLtWorkspace() keeps one per
+    # (handle, stream) in CublasHandlePool.cpp.
+    ((2, 9), PERSISTENT),
+    # PR #175879 (merged 2026-03-02, after the 2.11 cut of 2026-02-16..19): the Lt workspace
+    # *is* the cuBLAS one unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=0 (PR #168175 had made only
+    # the size unified by default, in 2.11).
+    ((2, 12), UNIFIED),
+)
+UNIFIED_OPT_IN = (2, 8)  # TORCH_CUBLASLT_UNIFIED_WORKSPACE=1 exists since PR #151163
+LT_SIZE_CAPPED = (2, 11)  # PR #168175: Lt size <= cuBLAS size (getCUDABlasLtWorkspaceSize)
+BLACKWELL_32MIB = (2, 12)  # PR #175344 (2026-02-19): 32 MiB default for major 10 and 12 too
+SMALL_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8  # ":4096:2:16:8"
 
 # Library kernel memory outside the allocator, loaded lazily on first use (CUDA >= 11.7).
 # Not calibrated yet: on ../shared/groundtruth the residuals show no common offset to fit
@@ -42,17 +80,63 @@ CUBLAS_LIBRARY_BYTES = 0
 CUDNN_LIBRARY_BYTES = 0
 
 
-def cublas_workspace_bytes(gpu: GPU, environ: dict | None = None) -> int:
+def parse_version(text: str | None = None) -> tuple[int, int]:
+    """``"2.6"``, ``"2.6.0+cu124"``, ``"2.13.0"`` -> (major, minor); None -> the installed torch."""
+    if not text:
+        import torch
+
+        text = torch.__version__
+    m = re.match(r"\s*v?(\d+)\.(\d+)", text)
+    if not m:
+        raise ValueError(f"cannot read a PyTorch version from {text!r} (expected e.g. '2.6.0')")
+    return int(m[1]), int(m[2])
+
+
+def _env_flag(env, name: str) -> bool | None:
+    """c10::utils::check_env: "1"/"true" -> True, "0"/"false" -> False, else unset."""
+    value = (env.get(name) or "").strip().lower()
+    return {"1": True, "true": True, "0": False, "false": False}.get(value)
+
+
+def cublas_workspace_bytes(gpu: GPU, environ: dict | None = None, torch_version: str | None = None) -> int:
     """The workspace per cuBLAS handle: ``CUBLAS_WORKSPACE_CONFIG`` when set (``:SIZE_KiB:COUNT``
     pairs, summed as PyTorch's ``parseChosenWorkspaceSize`` does), else the GPU's default."""
     env = os.environ if environ is None else environ
+    default = gpu.cublas_workspace_bytes
+    if (torch_version and gpu.major in (10, 12) and default == 32 << 20
+            and parse_version(torch_version) < BLACKWELL_32MIB):
+        default = SMALL_DEFAULT
     text = env.get("CUBLAS_WORKSPACE_CONFIG")
     if not text:
-        return gpu.cublas_workspace_bytes
+        return default
     pairs = re.findall(r":(\d+):(\d+)", text)
     if not pairs:
-        return gpu.cublas_workspace_bytes  # PyTorch ignores a config it cannot parse too
+        return default  # PyTorch ignores a config it cannot parse too
     return sum(int(size) * 1024 * int(count) for size, count in pairs)
+
+
+def lt_workspace_mode(torch_version: str | None = None, environ: dict | None = None) -> str:
+    """:data:`PER_CALL`, :data:`PERSISTENT` or :data:`UNIFIED` for this PyTorch version."""
+    env = os.environ if environ is None else environ
+    version = parse_version(torch_version)
+    mode = [m for first, m in LT_WORKSPACE_MODES if version >= first][-1]
+    unified = _env_flag(env, "TORCH_CUBLASLT_UNIFIED_WORKSPACE")
+    if unified and version >= UNIFIED_OPT_IN:
+        return UNIFIED
+    if unified is False and mode == UNIFIED:
+        return PERSISTENT
+    return mode
+
+
+def cublaslt_workspace_bytes(gpu: GPU, torch_version: str | None = None, environ: dict | None = None) -> int:
+    """Bytes of one cuBLASLt workspace: ``CUBLASLT_WORKSPACE_SIZE`` KiB (parsed like std::stoi),
+    default 1024 KiB; from 2.11 no more than the cuBLAS workspace."""
+    env = os.environ if environ is None else environ
+    m = re.match(r"\s*\+?(\d+)", env.get("CUBLASLT_WORKSPACE_SIZE") or "")
+    size = (int(m[1]) if m else 1024) * 1024
+    if parse_version(torch_version) >= LT_SIZE_CAPPED:
+        size = min(size, cublas_workspace_bytes(gpu, env, torch_version))
+    return size
 
 
 def op_name(op: str) -> str:
@@ -66,35 +150,70 @@ def uses(trace: Trace | list[TraceEvent], ops: frozenset[str]) -> bool:
     return any(e.kind == ALLOC and op_name(e.op) in ops for e in events)
 
 
-def adapt_trace(trace: Trace, gpu: GPU, torch_version: str) -> tuple[list[TraceEvent], list[str]]:
-    """The trace's events as they would be on ``gpu``, plus notes on what was added."""
-    events = list(trace.events)
-    size = cublas_workspace_bytes(gpu)
-    notes = [] if size == gpu.cublas_workspace_bytes else [f"cuBLAS workspace {size} B from CUBLAS_WORKSPACE_CONFIG"]
-    if size == 0:
-        return events, notes
-    return _insert_workspaces(events, size), notes
+def takes_lt_path(e: TraceEvent, environ: dict | None = None) -> bool:
+    """Whether the GEMM whose output ``e`` allocates runs on cuBLASLt (see :data:`LT_OPS`)."""
+    if e.kind != ALLOC:
+        return False
+    name = op_name(e.op)
+    if name in LT_ALWAYS_OPS:
+        return True
+    env = os.environ if environ is None else environ
+    return (name in LT_OPS and env.get("DISABLE_ADDMM_CUDA_LT") != "1"
+            and e.dtype in LT_DTYPES and len(e.shape) == 2 and min(e.shape) > 1)
 
 
-def _insert_workspaces(events: list[TraceEvent], size: int) -> list[TraceEvent]:
-    """Add a workspace after the first GEMM output of the forward thread and of backward."""
+def adapt_trace(trace: Trace, gpu: GPU, torch_version: str | None = None,
+                environ: dict | None = None) -> tuple[list[TraceEvent], list[str]]:
+    """The trace's events as they would be on ``gpu`` under PyTorch ``torch_version`` (default:
+    the installed one), plus notes on what was added."""
+    env = os.environ if environ is None else environ
+    size = cublas_workspace_bytes(gpu, env, torch_version)
+    notes = []
+    if env.get("CUBLAS_WORKSPACE_CONFIG"):
+        notes.append(f"cuBLAS workspace {size} B from CUBLAS_WORKSPACE_CONFIG")
+    mode = lt_workspace_mode(torch_version, env)
+    lt_size = 0 if mode == UNIFIED else cublaslt_workspace_bytes(gpu, torch_version, env)
+    if lt_size:
+        notes.append(f"cuBLASLt workspace {lt_size} B {mode} (PyTorch {torch_version or 'installed'})")
+    if size == 0 and lt_size == 0:
+        return list(trace.events), notes
+    return _insert_workspaces(trace.events, size, lt_size, mode, env), notes
+
+
+def _insert_workspaces(events: list[TraceEvent], size: int, lt_size: int, mode: str,
+                       env) -> list[TraceEvent]:
+    """After the first GEMM output of the forward thread and of backward: the cuBLAS workspace.
+    After each cuBLASLt GEMM output: an Lt workspace allocated and freed at once (per-call), or
+    kept from the first one of its thread (persistent)."""
     out: list[TraceEvent] = []
     seen: set[tuple[str, int]] = set()
+    seen_lt: set[tuple[str, int]] = set()
     next_id = max((e.id for e in events), default=0) + 1
+
+    def alloc(op: str, nbytes: int, e: TraceEvent) -> TraceEvent:
+        nonlocal next_id
+        next_id += 1
+        ws = TraceEvent(ALLOC, id=next_id - 1, bytes=nbytes, stream=e.stream, category="workspace", op=op,
+                        module=e.module, phase=e.phase, dtype="uint8", shape=(nbytes,), source=e.source,
+                        iteration=e.iteration)
+        out.append(ws)
+        return ws
+
     for e in events:
         out.append(e)
         if e.kind != ALLOC or op_name(e.op) not in GEMM_OPS:
             continue
-        thread = "backward" if e.phase == "backward" else "main"
-        key = (thread, e.stream)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(TraceEvent(ALLOC, id=next_id, bytes=size, stream=e.stream,
-                              category="workspace", op=WORKSPACE_OP, module=e.module, phase=e.phase,
-                              dtype="uint8", shape=(size,), source=e.source,
-                              iteration=e.iteration))
-        next_id += 1
+        key = ("backward" if e.phase == "backward" else "main", e.stream)
+        lt = lt_size > 0 and takes_lt_path(e, env)
+        per_call = alloc(LT_WORKSPACE_OP, lt_size, e) if lt and mode == PER_CALL else None
+        if size and key not in seen:  # getCurrentCUDABlasHandle() -> setWorkspaceForHandle()
+            seen.add(key)
+            alloc(WORKSPACE_OP, size, e)
+        if per_call is not None:  # freed when gemm_and_bias returns
+            out.append(replace(per_call, kind=FREE))
+        elif lt and mode == PERSISTENT and key not in seen_lt:
+            seen_lt.add(key)
+            alloc(LT_WORKSPACE_OP, lt_size, e)
     return out
 
 
