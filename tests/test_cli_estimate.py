@@ -60,6 +60,7 @@ def test_max_batch(capsys):
     (["--set", "batchsize=3"], "batchsize"),
     (["--alloc-conf", "max_split_size_mb:1"], "max_split_size_mb"),
     (["--iterations", "0"], "--iterations"),
+    (["--torch", "banana"], "PyTorch version"),
 ])
 def test_bad_input_exits_2(capsys, argv, fragment):
     code, _, err = run(capsys, "estimate", EXAMPLE, *argv)

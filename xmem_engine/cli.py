@@ -135,6 +135,17 @@ def _bytes_arg(text: str) -> int:
     return int(value)
 
 
+def _torch_version_arg(text: str) -> str:
+    """``--torch``: a version xmem can read (checked before any code runs)."""
+    from xmem_engine.cuda_behaviour import parse_version
+
+    try:
+        parse_version(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def _cmd_simulate(args) -> int:
     from xmem_engine.simulate import simulate
     from xmem_engine.snapshot import dump_snapshot, make_snapshot
@@ -253,7 +264,7 @@ def _add_estimate(sub) -> None:
     p.add_argument("--alloc-conf", metavar="STR", help="PYTORCH_CUDA_ALLOC_CONF for the GPU run")
     p.add_argument("--iterations", type=int, metavar="N",
                    help="trace only the first N training iterations (the peak is usually reached by the 2nd)")
-    p.add_argument("--torch", dest="torch_version", metavar="VERSION",
+    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=_torch_version_arg,
                    help="estimate for this PyTorch version's CUDA behaviour (default: the installed one)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--events", metavar="FILE", help="also write the trace (as `xmem trace --events`)")
