@@ -12,7 +12,10 @@ EXAMPLE = str(REPO / "examples" / "train_cnn.py")
 
 
 def run(capsys, *argv):
-    code = main(list(argv))
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse's own usage errors
+        code = e.code
     out, err = capsys.readouterr()
     return code, out, err
 
