@@ -457,6 +457,18 @@ class _Plan:
             return _reference(q, k, v, bias, self.dropout_p, self.is_causal, self.scale, self.enable_gqa,
                               grad_out=grad_out, rng=self.rng)
 
+    def _fill_grads(self, targets: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    bias: torch.Tensor | None, go: torch.Tensor) -> None:
+        """Real mode: write the true gradients into the backend's buffers (q / k / v / grad_out
+        and the query, key, value gradients in (B, L, H, D) layout; the bias gradient as is)."""
+        if not self.real:
+            return
+        grads = self._grads(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias, go.transpose(1, 2))
+        with _Hidden():
+            for i, dst in enumerate(targets):
+                if dst is not None:
+                    dst.copy_(grads[i] if i == 3 else grads[i].transpose(1, 2))
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> tuple:
         raise NotImplementedError
 
@@ -586,14 +598,7 @@ class _Efficient(_Plan):
         workspace = q.new_empty((size,), dtype=torch.uint8) if size else None
         if workspace is not None:
             self.label(workspace, op, "workspace")
-        if self.real:
-            grads = self._grads(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias, go.transpose(1, 2))
-            with _Hidden():
-                gq.copy_(grads[0].transpose(1, 2))
-                gk.copy_(grads[1].transpose(1, 2))
-                gv.copy_(grads[2].transpose(1, 2))
-                if gb is not None:
-                    gb.copy_(grads[3])
+        self._fill_grads((gq, gk, gv, gb), q, k, v, bias, go)
         del workspace, delta, go
         return gq, gk, gv, gb
 
@@ -656,12 +661,7 @@ class _Flash(_Plan):
             expanded = (q.new_empty((b, n, h, d)), q.new_empty((b, n, h, v.shape[-1])))
             for t in expanded:
                 self.label(t, op, "workspace")
-        if self.real:
-            grads = self._grads(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, go.transpose(1, 2))
-            with _Hidden():
-                dq.copy_(grads[0].transpose(1, 2))
-                dk.copy_(grads[1].transpose(1, 2))
-                dv.copy_(grads[2].transpose(1, 2))
+        self._fill_grads((dq, dk, dv), q, k, v, None, go)
         del dq_accum, expanded, softmax_d, go, out
         return dq, dk, dv, None
 
