@@ -370,3 +370,23 @@ def test_gpt2_block_estimate_saves_no_attention_matrix():
     attn_bytes = b * h * l * l * 4
     assert math_.peak_allocated_bytes - fused.peak_allocated_bytes > 2 * attn_bytes
     assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()  # restored
+
+
+def test_a_trace_switched_to_another_architecture_says_its_attention_backend_may_differ():
+    from xmem_engine.estimate import estimate, estimate_trace
+
+    code = """
+import torch
+q = torch.randn(2, 4, 128, 64, device="cuda", requires_grad=True)
+out = torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.1, is_causal=True)
+out.sum().backward()
+"""
+    est = estimate(code, "A100-40GB", namespace={})
+    assert est.trace.meta["sdpa_calls"] == 1 and est.trace.meta["compute_capability"] == [8, 0]
+    assert not any("scaled_dot_product_attention" in n for n in est.notes)
+    same_arch = estimate_trace(est.trace, "A100-80GB")
+    assert not any("scaled_dot_product_attention" in n for n in same_arch.notes)
+    t4 = estimate_trace(est.trace, "T4")
+    assert any("compute capability 8.0" in n and "7.5" in n for n in t4.notes)
+    plain = estimate("import torch\nx = torch.ones(4, device='cuda')\n", "A100-40GB", namespace={})
+    assert not any("scaled_dot_product_attention" in n for n in estimate_trace(plain.trace, "T4").notes)

@@ -251,6 +251,13 @@ def estimate_trace(
     cfg = _config(alloc_conf)
     version = torch_version or torch.__version__.split("+")[0]
     events, notes = adapt_trace(tr, target, version)
+    traced_cc = tuple(tr.meta.get("compute_capability") or ())
+    if tr.meta.get("sdpa_calls") and traced_cc and traced_cc != tuple(target.compute_capability):
+        notes = notes + [
+            f"scaled_dot_product_attention kept the backends CUDA picks on compute capability "
+            f"{traced_cc[0]}.{traced_cc[1]} (the GPU it was traced for); on {target.name} "
+            f"({target.compute_capability[0]}.{target.compute_capability[1]}) it may pick another: "
+            f"estimate for this GPU directly for its own choice"]
     outside = library_bytes(target, tr)
     limit = allocator_limit(target, outside)
     sim = simulate(events, allocator=CachingAllocator(cfg, capacity=limit,

@@ -892,6 +892,7 @@ def tracer_handler(tracer: Any) -> Callable[[Any, tuple, dict], Any]:
         if not _valid(b) or not tracer.is_gpu(b["query"]):
             return func(*args, **kwargs)
         props = tracer.vc.props
+        tracer.sdpa_calls += 1
         # Tensors the kernels make without tensor inputs (a causal mask, a scalar) are on the
         # GPU, as for any torch function called with GPU tensors (Tracer._factory_on_gpu).
         saved = tracer._call_args, tracer._call_gpu

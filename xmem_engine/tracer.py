@@ -289,6 +289,7 @@ class Tracer:
         self.max_iterations = max_iterations
         self.stopped = False
         self.op_hooks: list[Callable[["Tracer", Any, tuple, dict, Any], None]] = []
+        self.sdpa_calls = 0  # attention calls whose CUDA backend sdpa.py chose for this GPU
         self._next_id = 0
         self._param_module: dict[int, str] = {}  # id(parameter) -> path of the module owning it
         self._module_stack: list[str] = []
@@ -1454,7 +1455,11 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
     if namespace is not None:
         namespace.update(persist)
     events = tracer.finish()
-    meta = {"device": tracer.vc.props.name, "iterations": tracer.iteration + 1, "stopped": tracer.stopped}
+    props = tracer.vc.props
+    meta = {"device": props.name, "compute_capability": [props.major, props.minor],
+            "iterations": tracer.iteration + 1, "stopped": tracer.stopped}
+    if tracer.sdpa_calls:
+        meta["sdpa_calls"] = tracer.sdpa_calls  # their backend was chosen for this capability
     return Trace(events=events, mode=mode, seconds=seconds, meta=meta)
 
 
