@@ -65,6 +65,21 @@ class Shadows:
         with unset_fake_temporarily():
             return torch.empty((0,), dtype=t.dtype).set_(st, t.storage_offset(), t.size(), t.stride())
 
+    def _all_known(self, args: tuple, kwargs: dict) -> bool:
+        """Whether every fake tensor among the inputs has a shadow. The cheap test before
+        :meth:`_real_args` builds the real tensors (positional tensors and tensor lists are
+        checked without flattening, as this runs for ops of every size)."""
+        fake, by = self._fake, self.by_storage
+        for a in args:
+            if isinstance(a, fake):
+                if a.untyped_storage()._cdata not in by:
+                    return False
+            elif isinstance(a, (list, tuple)) and any(
+                    isinstance(b, fake) and b.untyped_storage()._cdata not in by for b in a):
+                return False
+        return not kwargs or all(t.untyped_storage()._cdata in by
+                                 for t in tree_flatten(kwargs)[0] if isinstance(t, fake))
+
     def _real_args(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         """``args`` / ``kwargs`` with every fake tensor replaced by its real value; None if
         one has no shadow."""
@@ -98,7 +113,6 @@ class Shadows:
             info = self._ops[func] = (getattr(getattr(func, "_schema", None), "is_mutable", True), _is_random(func))
         written, random = info
         fake = self._fake
-        by = self.by_storage
         known = not random
         if known:
             if type(out) is fake:
@@ -106,20 +120,7 @@ class Shadows:
             else:
                 outs = [t for t in tree_flatten(out)[0] if isinstance(t, fake)]
                 known = bool(outs) and all(t.untyped_storage().nbytes() <= SHADOW_BYTES for t in outs)
-        if known:
-            for a in args:
-                if isinstance(a, fake):
-                    if a.untyped_storage()._cdata not in by:
-                        known = False
-                        break
-                elif isinstance(a, (list, tuple)) and any(
-                        isinstance(b, fake) and b.untyped_storage()._cdata not in by for b in a):
-                    known = False
-                    break
-            if known and kwargs:
-                known = all(t.untyped_storage()._cdata in by
-                            for t in tree_flatten(kwargs)[0] if isinstance(t, fake))
-        if known:
+        if known and self._all_known(args, kwargs):
             real = self._real_args(args, kwargs)
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -131,7 +132,7 @@ class Shadows:
             if real_out is not None:
                 self._adopt(out, real_out)
                 return
-        if written and by:
+        if written and self.by_storage:
             self._forget(args, kwargs)
 
     def data_dependent(self, func: Any, args: tuple, kwargs: dict, fake_mode: Any) -> Any:
@@ -145,7 +146,7 @@ class Shadows:
 
         with unset_fake_temporarily():
             real_out = func(*real[0], **real[1])
-        if not isinstance(real_out, torch.Tensor) and not isinstance(real_out, (tuple, list)):
+        if not isinstance(real_out, (torch.Tensor, tuple, list)):
             return real_out  # a Python number
 
         def to_fake(r: Any) -> Any:
