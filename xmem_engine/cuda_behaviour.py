@@ -128,7 +128,7 @@ def lt_workspace_mode(torch_version: str | None = None, environ: dict | None = N
     return mode
 
 
-def cublaslt_workspace_bytes(gpu: GPU, torch_version: str | None = None, environ: dict | None = None) -> int:
+def cublaslt_workspace_bytes(gpu: GPU, environ: dict | None = None, torch_version: str | None = None) -> int:
     """Bytes of one cuBLASLt workspace: ``CUBLASLT_WORKSPACE_SIZE`` KiB (parsed like std::stoi),
     default 1024 KiB; from 2.11 no more than the cuBLAS workspace."""
     env = os.environ if environ is None else environ
@@ -172,7 +172,7 @@ def adapt_trace(trace: Trace, gpu: GPU, torch_version: str | None = None,
     if env.get("CUBLAS_WORKSPACE_CONFIG"):
         notes.append(f"cuBLAS workspace {size} B from CUBLAS_WORKSPACE_CONFIG")
     mode = lt_workspace_mode(torch_version, env)
-    lt_size = 0 if mode == UNIFIED else cublaslt_workspace_bytes(gpu, torch_version, env)
+    lt_size = 0 if mode == UNIFIED else cublaslt_workspace_bytes(gpu, env, torch_version)
     if lt_size:
         notes.append(f"cuBLASLt workspace {lt_size} B {mode} (PyTorch {torch_version or 'installed'})")
     if size == 0 and lt_size == 0:
