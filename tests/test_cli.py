@@ -108,6 +108,7 @@ def test_gpus_lists_the_catalog_and_rejects_a_bad_file(tmp_path, capsys):
     code, out, _ = run(capsys, "gpus", "--json")
     data = json.loads(out)
     assert data["H100-SXM-80GB"]["cublas_workspace_bytes"] == 32 * MiB
+    assert data["RTX-4060-8GB"]["kernel_bytes"] == 50 * MiB
     bad = tmp_path / "gpus.toml"
     bad.write_text('[gpus."X"]\nname = "X"\ntotal_memory_bytes = "lots"\n')
     code, _, err = run(capsys, "gpus", "--file", str(bad))

@@ -43,6 +43,26 @@ def test_headline_figures_add_up(mlp_estimate):
     assert e.timeline.allocated and max(e.timeline.allocated) == e.peak_allocated_bytes
 
 
+def test_kernel_memory_is_the_gpus_figure_and_leaves_the_allocator_less(mlp_estimate):
+    """Kernels loaded during the step count on the device, beside (not inside) the allocator."""
+    from dataclasses import replace
+
+    from xmem_engine.gpus import get_gpu
+
+    a100 = get_gpu("A100-40GB")
+    assert mlp_estimate.outside_allocator_bytes == a100.kernel_bytes > 0
+    assert mlp_estimate.allocator_limit_bytes == a100.total_memory_bytes - a100.context_bytes - a100.kernel_bytes
+    bare = estimate_trace(mlp_estimate.trace, replace(a100, kernel_bytes=0))
+    assert bare.outside_allocator_bytes == 0
+    assert bare.peak_reserved_bytes == mlp_estimate.peak_reserved_bytes
+    assert mlp_estimate.peak_device_bytes - bare.peak_device_bytes == a100.kernel_bytes
+
+
+def test_a_step_that_puts_nothing_on_the_gpu_loads_no_kernels():
+    e = estimate("import torch\nx = torch.ones(4) * 2\n", "A100-40GB", namespace={}, mode="fake")
+    assert e.peak_reserved_bytes == 0 and e.outside_allocator_bytes == 0
+
+
 def test_two_cublas_workspaces_sized_by_architecture(mlp_estimate):
     ws = [ev for ev in estimate_trace(mlp_estimate.trace, "A100-40GB").trace.events if ev.op == WORKSPACE_OP]
     assert ws == []  # the trace itself stays GPU-independent

@@ -94,6 +94,17 @@ def test_known_figures(catalog):
     assert catalog["RTX-6000-ADA"].context_bytes == 426 * MiB
 
 
+def test_kernel_memory_is_measured_for_the_paper_gpus_and_defaulted_elsewhere(catalog):
+    """The 3060 / 4060 figures come from the paper runs; other GPUs take the default and say so."""
+    assert catalog["RTX-3060-12GB"].kernel_bytes == 54 * MiB
+    assert catalog["RTX-4060-8GB"].kernel_bytes == 50 * MiB
+    assert "xMem paper data" in catalog["RTX-4060-8GB"].sources["kernel_bytes"]
+    h100 = catalog["H100-SXM-80GB"]
+    assert h100.kernel_bytes == gpus.DEFAULT_KERNEL_BYTES
+    assert h100.sources["kernel_bytes"].startswith("estimated: ")
+    assert "kernel_bytes" in h100.estimated_fields()
+
+
 def test_cublas_workspace_follows_pytorch_default(catalog):
     """CublasHandlePool.cpp: 32 MiB for major 9/10/11/12, ':4096:2:16:8' below."""
     for key, gpu in catalog.items():
@@ -200,6 +211,13 @@ aliases = ["lab-a100"]
     assert get_gpu("a100", merged).key == "A100-SXM4-40GB"  # catalog aliases kept
 
 
+def test_user_file_sets_kernel_memory(tmp_path, catalog):
+    merged = load_catalog(write(tmp_path, '[gpus.T4]\nkernel_bytes = 0\n'))
+    assert merged["T4"].kernel_bytes == 0
+    assert "user override" in merged["T4"].sources["kernel_bytes"]
+    assert merged["T4"].context_bytes == catalog["T4"].context_bytes
+
+
 def test_user_file_key_is_matched_forgivingly(tmp_path):
     path = write(tmp_path, '[gpus."a100-sxm4-40gb"]\nsm_count = 107\n')
     merged = load_catalog(path)
@@ -228,6 +246,7 @@ def test_user_file_adds_a_gpu(tmp_path):
     assert gpu.key == "RTX-4070" and gpu.compute_capability == (8, 9)
     assert gpu.sources["total_memory_bytes"] == "measured on my desk"
     assert "user catalog" in gpu.sources["sm_count"]
+    assert gpu.kernel_bytes == gpus.DEFAULT_KERNEL_BYTES  # optional field: the default
     assert "T4" in merged
 
 
@@ -257,6 +276,7 @@ def test_explicit_path_wins_over_env_var(tmp_path, monkeypatch):
         ("[gpus.T4]\ntotal_memory = 1\n", ["'T4'", "'total_memory'", "total_memory_bytes"]),
         ('[gpus.T4]\ncompute_capability = "7"\n', ["'T4'", "'compute_capability'"]),
         ("[gpus.T4]\nsm_count = 0\n", ["'T4'", "'sm_count'", "positive"]),
+        ("[gpus.T4]\nkernel_bytes = -1\n", ["'T4'", "'kernel_bytes'", "negative"]),
         ('[gpus.T4]\naliases = "t4"\n', ["'T4'", "'aliases'"]),
         ('[gpus.NEW]\nname = "x"\n', ["'NEW'", "missing", "total_memory_bytes", '[gpus."MY-GPU"]']),
         ('[gpus.NEW]\n' + NEW_GPU.split("\n", 2)[2].split("[gpus")[0].replace('"rtx4070"', '"a100"'),

@@ -372,10 +372,11 @@ def _cmd_gpus(args) -> int:
     if args.json:
         _print_json({k: asdict(g) for k, g in catalog.items()})
         return EXIT_OK
-    rows = [("GPU", "name (nvidia-smi)", "usable GiB", "compute", "context MiB")]
+    rows = [("GPU", "name (nvidia-smi)", "usable GiB", "compute", "context MiB", "kernels MiB")]
     for key, g in sorted(catalog.items(), key=lambda kv: kv[1].total_memory_bytes):
         cc = ".".join(map(str, g.compute_capability))
-        rows.append((key, g.name, f"{g.total_memory_bytes / (1 << 30):.2f}", cc, f"{g.context_bytes >> 20}"))
+        rows.append((key, g.name, f"{g.total_memory_bytes / (1 << 30):.2f}", cc, f"{g.context_bytes >> 20}",
+                     f"{g.kernel_bytes >> 20}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

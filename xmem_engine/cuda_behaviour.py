@@ -18,8 +18,9 @@ re-tracing:
   up to PyTorch 2.8, is kept per (handle, stream) in 2.9-2.11, and is the cuBLAS workspace
   itself from 2.12 (``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` opts in from 2.8, out from 2.12).
   Backward GEMMs are plain ``mm`` and never take this path.
-* Library memory outside the allocator (:func:`library_bytes`): kernels of cuBLAS and
-  cuDNN loaded on first use, which nvidia-smi counts but the allocator never sees.
+* Library memory outside the allocator (:func:`library_bytes`): the kernels a step loads on
+  first use (PyTorch's, cuBLAS's, cuDNN's), which nvidia-smi counts but the allocator never
+  sees: the catalog's ``kernel_bytes`` for the target GPU.
 """
 
 from __future__ import annotations
@@ -36,10 +37,6 @@ GEMM_OPS = frozenset({
     "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.addbmm", "aten.matmul", "aten.dot",
     "aten.vdot", "aten.mv", "aten.addmv", "aten.addr", "aten.linear", "aten._addmm_activation",
     "aten._scaled_mm", "aten._int_mm", "aten.einsum", "aten.tensordot",
-})
-CONV_OPS = frozenset({
-    "aten.convolution", "aten._convolution", "aten.cudnn_convolution", "aten.conv2d", "aten.conv1d",
-    "aten.conv3d", "aten.convolution_backward", "aten.cudnn_convolution_transpose", "aten.conv_transpose2d",
 })
 WORKSPACE_OP = "cublas.workspace"
 LT_WORKSPACE_OP = "cublaslt.workspace"
@@ -73,11 +70,6 @@ LT_SIZE_CAPPED = (2, 11)  # PR #168175: Lt size <= cuBLAS size (getCUDABlasLtWor
 BLACKWELL_32MIB = (2, 12)  # PR #175344 (2026-02-19): 32 MiB default for major 10 and 12 too
 SMALL_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8  # ":4096:2:16:8"
 
-# Library kernel memory outside the allocator, loaded lazily on first use (CUDA >= 11.7).
-# Not calibrated yet: on ../shared/groundtruth the residuals show no common offset to fit
-# (README, "Accuracy on real GPU runs"), so both stay 0 until a GPU measurement isolates them.
-CUBLAS_LIBRARY_BYTES = 0
-CUDNN_LIBRARY_BYTES = 0
 
 
 def parse_version(text: str | None = None) -> tuple[int, int]:
@@ -143,11 +135,6 @@ def op_name(op: str) -> str:
     """``aten.mm.default`` -> ``aten.mm``."""
     parts = op.split(".")
     return ".".join(parts[:2]) if len(parts) >= 2 else op
-
-
-def uses(trace: Trace | list[TraceEvent], ops: frozenset[str]) -> bool:
-    events = trace.events if isinstance(trace, Trace) else trace
-    return any(e.kind == ALLOC and op_name(e.op) in ops for e in events)
 
 
 def takes_lt_path(e: TraceEvent, environ: dict | None = None) -> bool:
@@ -218,11 +205,12 @@ def _insert_workspaces(events: list[TraceEvent], size: int, lt_size: int, mode: 
 
 
 def library_bytes(gpu: GPU, trace: Trace | list[TraceEvent]) -> int:
-    """Device memory the run's libraries take outside the caching allocator."""
-    total = 0
-    # Each check scans the whole trace (on every GPU switch): skip it when it cannot add.
-    if CUBLAS_LIBRARY_BYTES and uses(trace, GEMM_OPS):
-        total += CUBLAS_LIBRARY_BYTES
-    if CUDNN_LIBRARY_BYTES and uses(trace, CONV_OPS):
-        total += CUDNN_LIBRARY_BYTES
-    return total
+    """Device memory the run's kernels take outside the caching allocator.
+
+    One figure per GPU (``kernel_bytes``, calibrated in the catalog): the ground-truth runs
+    show no extra common offset for cuDNN (CNN residuals differ in sign between the RTX 3060
+    and 4060), so a run pays the same whichever libraries it calls. A trace that puts
+    nothing on the GPU ran no kernel and pays nothing.
+    """
+    events = trace.events if isinstance(trace, Trace) else trace
+    return gpu.kernel_bytes if any(e.kind == ALLOC for e in events) else 0

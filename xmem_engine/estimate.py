@@ -10,8 +10,8 @@ Device memory, as ``nvidia-smi`` would show it for the process::
     peak_device_bytes = context_bytes + outside_allocator_bytes + peak_reserved_bytes
 
 ``context_bytes`` is the CUDA context (per GPU, from the catalog); ``outside_allocator_bytes``
-is library memory that does not pass through PyTorch's allocator (cuBLAS / cuDNN kernels
-loaded on first use). The allocator itself may reserve at most what remains of the GPU.
+is library memory that does not pass through PyTorch's allocator: the kernels (PyTorch's,
+cuBLAS's, cuDNN's) a step loads on first use, the catalog's ``kernel_bytes``. The allocator itself may reserve at most what remains of the GPU.
 """
 
 from __future__ import annotations

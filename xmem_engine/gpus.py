@@ -2,7 +2,8 @@
 
 The estimate depends on the target GPU in a few fixed ways: the memory the driver lets a
 process use (``total_memory_bytes``, the caching allocator's out-of-memory limit), the
-memory every CUDA process loses before its first tensor (``context_bytes``), PyTorch's
+memory every CUDA process loses before its first tensor (``context_bytes``), the kernels a
+training step then loads outside the allocator (``kernel_bytes``), PyTorch's
 cuBLAS workspace per handle (32 MiB on Hopper/Blackwell, 8,519,680 B elsewhere), and the
 device properties user code reads through ``torch.cuda.get_device_properties``. Those
 figures live in ``data/gpus.toml`` with a source for each; users add or correct GPUs in
@@ -49,6 +50,7 @@ REQUIRED_FIELDS: dict[str, type] = {
     "context_bytes": int,
 }
 OPTIONAL_FIELDS: dict[str, type] = {
+    "kernel_bytes": int,
     "aliases": list,
     "nvidia_smi_memory_mib": int,
     "sources": dict,
@@ -59,6 +61,17 @@ NUMERIC_FIELDS = (
     "sm_count",
     "cublas_workspace_bytes",
     "context_bytes",
+    "kernel_bytes",
+)
+
+#: GPU kernels a training step loads on first use (PyTorch's own, cuBLAS, cuDNN: CUDA >= 11.7
+#: loads modules lazily), which nvidia-smi counts and the caching allocator never sees. The
+#: figure for a GPU without its own ``kernel_bytes``; how it was derived is in
+#: :data:`DEFAULT_KERNEL_SOURCE`.
+DEFAULT_KERNEL_BYTES = 54 << 20
+DEFAULT_KERNEL_SOURCE = (
+    "estimated: 54 MiB, measured on the RTX 3060 and RTX 4060 (see their entries) and applied "
+    "unchanged; kernel images differ by architecture, so treat it as +-10 MiB"
 )
 
 ADD_GPU_HELP = f"""\
@@ -72,6 +85,7 @@ To add a GPU, describe it in ~/.config/xmem/gpus.toml (or the file ${ENV_VAR} na
     sm_count = 46                             # .multi_processor_count
     cublas_workspace_bytes = 8_519_680        # 33_554_432 on Hopper / Blackwell
     context_bytes = 446_693_376               # nvidia-smi usage right after CUDA init
+    kernel_bytes = 56_623_104                 # optional: kernels loaded during the step
 
 To correct one figure of a known GPU, set only that field under its key, e.g.
     [gpus."A100-SXM4-40GB"]
@@ -97,6 +111,7 @@ class GPU:
     sm_count: int
     cublas_workspace_bytes: int
     context_bytes: int
+    kernel_bytes: int = DEFAULT_KERNEL_BYTES
     aliases: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     nvidia_smi_memory_mib: int | None = None
@@ -245,6 +260,9 @@ def _build(key: str, entry: dict[str, Any], origin: str) -> GPU:
             f"{origin}: GPU '{key}': missing field(s) {', '.join(missing)}\n\n{ADD_GPU_HELP}"
         )
     major, minor = (int(p) for p in entry["compute_capability"].split("."))
+    sources = dict(entry.get("sources", {}))
+    if "kernel_bytes" not in entry:
+        sources["kernel_bytes"] = DEFAULT_KERNEL_SOURCE
     return GPU(
         key=key,
         name=entry["name"],
@@ -253,8 +271,9 @@ def _build(key: str, entry: dict[str, Any], origin: str) -> GPU:
         sm_count=entry["sm_count"],
         cublas_workspace_bytes=entry["cublas_workspace_bytes"],
         context_bytes=entry["context_bytes"],
+        kernel_bytes=entry.get("kernel_bytes", DEFAULT_KERNEL_BYTES),
         aliases=tuple(entry.get("aliases", ())),
-        sources=dict(entry.get("sources", {})),
+        sources=sources,
         nvidia_smi_memory_mib=entry.get("nvidia_smi_memory_mib"),
     )
 
