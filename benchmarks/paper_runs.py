@@ -233,6 +233,26 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def repeats(rows: list[dict]) -> str:
+    """How far apart the CSV's own measurements of one workload are: the floor under any
+    estimate's error. Adam and AdamW count as one workload (AdamW's decay is in place, so
+    they allocate the same); the GPU may differ (nothing in these workloads depends on it
+    but cuDNN's choices)."""
+    groups: dict[tuple, list[int]] = {}
+    for r in rows:
+        if r["real_oom"] == "True":
+            continue
+        opt = "Adam" if r["optimiser"] == "AdamW" else r["optimiser"]
+        key = (r["model"], opt, r["batch_size"], ZERO_GRAD[r.get("zero_grad_mode", "")])
+        groups.setdefault(key, []).append(int(r["ground_bytes"]))
+    spreads = [(max(g) - min(g), (max(g) - min(g)) / min(g)) for g in groups.values() if len(g) > 1]
+    if not spreads:
+        return "no workload was measured twice"
+    worst = max(spreads)
+    return (f"workloads measured more than once: {len(spreads)}; {sum(d == 0 for d, _ in spreads)} "
+            f"identical, the widest {worst[0] / 2**20:.0f} MiB apart ({100 * worst[1]:.1f}%)")
+
+
 def _say_versions(rows: list[dict]) -> None:
     """Print the library versions the workloads are rebuilt with; warn when transformers is
     not the release the runs used (its models' attention and loss code changed since)."""
@@ -283,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(json.dumps(asdict(res)) + "\n")
     print()
     print(table(results))
+    print(repeats(rows))
     return 0
 
 
