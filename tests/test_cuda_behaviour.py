@@ -81,6 +81,15 @@ def test_nothing_extra_once_unified():
     assert LT_WORKSPACE_OP not in base and base.count(WORKSPACE_OP) == 2
 
 
+def test_a_step_with_convolutions_says_cudnn_workspaces_are_not_in_it():
+    assert not any("cuDNN" in n for n in adapt_trace(_linear_step(), A100, "2.13.0", environ={})[1])
+    conv = Trace(events=[TraceEvent(ALLOC, id=1, bytes=4096, op="aten.convolution.default", phase="forward"),
+                         TraceEvent(FREE, id=1, bytes=0)], mode="fake")
+    events, notes = adapt_trace(conv, A100, "2.13.0", environ={})
+    assert [n for n in notes if "cuDNN convolution workspaces" in n] == [cb.CUDNN_NOTE]
+    assert len(events) == 2  # a note, nothing added
+
+
 def test_env_overrides():
     step = _linear_step()
     # CUBLASLT_WORKSPACE_SIZE is in KiB

@@ -11,7 +11,8 @@ Device memory, as ``nvidia-smi`` would show it for the process::
 
 ``context_bytes`` is the CUDA context (per GPU, from the catalog); ``outside_allocator_bytes``
 is library memory that does not pass through PyTorch's allocator: the kernels (PyTorch's,
-cuBLAS's, cuDNN's) a step loads on first use, the catalog's ``kernel_bytes``. The allocator itself may reserve at most what remains of the GPU.
+cuBLAS's, cuDNN's) a step loads on first use, the catalog's ``kernel_bytes``. The allocator
+itself may reserve at most what remains of the GPU.
 """
 
 from __future__ import annotations
