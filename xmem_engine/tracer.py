@@ -107,6 +107,7 @@ from xmem_engine.trace import (
 )
 from xmem_engine import sdpa
 from xmem_engine.fake_fastpaths import FAST_FAKE
+from xmem_engine.grad_accumulation import ADD_IN_PLACE, InputBufferSums
 from xmem_engine.shadow_values import Shadows
 from xmem_engine.user_state import UserState
 from xmem_engine.virtual_cuda import VirtualCuda, VirtualStream, patched_cuda
@@ -960,6 +961,7 @@ class _AllocMode(TorchDispatchMode):
         self.t = tracer
         self.fake_errors = _fake_exceptions() if tracer.fake else ()
         self.mutable: dict[Any, bool] = {}
+        self.sums = InputBufferSums()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is _PRIM_DEVICE and self.fake_errors:
@@ -970,6 +972,9 @@ class _AllocMode(TorchDispatchMode):
                 return dev
         kwargs = kwargs or {}
         tr = self.t
+        in_backward = tr.phase == "backward" and self.sums.node_changed() is not None
+        if in_backward and self.sums.in_place(func, args, kwargs):
+            func = ADD_IN_PLACE  # autograd's buffer sum, in place as on a GPU (grad_accumulation.py)
         if tr.user_state is not None and tr.user_state.storages:
             mutable = self.mutable.get(func)
             if mutable is None:
@@ -1015,6 +1020,8 @@ class _AllocMode(TorchDispatchMode):
                 gpu = self._on_gpu(args, kwargs)
             if gpu:
                 tr._on_new_storage(func, t, st, key, nbytes)
+        if in_backward:
+            self.sums.made(_tensors_in(out))
         if tr.op_hooks:
             for hook in tr.op_hooks:
                 hook(tr, func, args, kwargs, out)
