@@ -38,6 +38,18 @@ ref = (1 - torch.tanh(y) ** 2) * y + torch.tanh(y) + 3
 assert torch.allclose(x.grad, ref * x.cos(), atol=1e-6), "wrong gradient"
 """
     trace(src, {}, mode="real")  # raises if the assertion in the cell fails
+    scatters = """
+import torch
+x = torch.randn(32, 16, device="cuda", requires_grad=True)
+idx = torch.randint(0, 16, (32, 3), device="cuda")
+rows = torch.tensor([0, 5, 5, 31], device="cuda")
+(x.gather(1, idx).sum() + 2 * x[rows].sum() + 3 * x.max(dim=1).values.sum()).backward()
+ref = torch.zeros(32, 16).scatter_add_(1, idx.cpu(), torch.ones(32, 3))
+ref.index_put_((rows.cpu(),), torch.full((4, 16), 2.0), accumulate=True)
+ref.scatter_add_(1, x.detach().cpu().argmax(dim=1, keepdim=True), torch.full((32, 1), 3.0))
+assert torch.equal(x.grad.cpu(), ref), "wrong gradient"
+"""
+    trace(scatters, {}, mode="real")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -80,3 +92,53 @@ m(torch.randn(128, 256, device="cuda")).sum().backward()
     # place; the last block's skip gradient is sum()'s expanded ones (not dense), so that
     # one sum allocates, on a GPU as here.
     assert backward_adds(src, mode) == [128 * 256 * 4]
+
+
+def backward_ops(src: str, mode: str) -> list[str]:
+    tr = trace(src, {}, mode=mode)
+    return [e.op for e in tr.events if e.kind == "alloc" and e.phase == "backward"]
+
+
+@pytest.mark.parametrize("select, scatter, mode", [
+    *[(sel, op, mode) for sel, op in [
+        ("x.gather(1, idx)", "aten.scatter_add.default"),            # gather_backward
+        ("x[idx[:, 0]]", "aten.index_put.default"),                   # index_backward
+        ("x.max(dim=1).values", "aten.scatter.src"),                  # value_selecting_reduction_backward
+        ("x.index_select(0, idx[:, 0])", "aten.index_add.default"),   # index_select_backward
+    ] for mode in MODES],
+    # its output size depends on values: real mode only
+    ("x.masked_select(x > 0)", "aten.masked_scatter.default", "real"),  # masked_select_backward
+])
+def test_indexing_gradients_are_scattered_into_their_zeros_in_place(mode, select, scatter):
+    """A formula builds the gradient as zeros.op_(...); only under a dispatch mode does it take
+    the out-of-place op, which copies the zeros. One allocation of x's size, not two."""
+    src = f"""
+import torch
+x = torch.randn(256, 512, device="cuda", requires_grad=True)
+idx = torch.randint(0, 256, (64, 1), device="cuda")
+y = {select}
+y.sum().backward()
+"""
+    ops = backward_ops(src, mode)
+    assert scatter not in ops
+    full = [e for e in trace(src, {}, mode=mode).events
+            if e.kind == "alloc" and e.phase == "backward" and e.bytes == 256 * 512 * 4]
+    assert len(full) == 1  # the zeros that become x.grad
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_custom_functions_python_backward_runs_as_written(mode):
+    src = """
+import torch
+class Scatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+    @staticmethod
+    def backward(ctx, g):
+        z = torch.zeros_like(g)
+        return z.scatter_add(1, torch.zeros_like(g, dtype=torch.long), g) + z
+x = torch.randn(64, 64, device="cuda", requires_grad=True)
+Scatter.apply(x).sum().backward()
+"""
+    assert "aten.scatter_add.default" in backward_ops(src, mode)

@@ -1,24 +1,34 @@
-"""Autograd's gradient sums, done in place as a GPU run does them.
+"""Backward's in-place gradient writes, kept in place as on a GPU.
 
-When two gradients flow into one tensor (a residual branch, an input used twice, tied
-weights), the autograd engine adds them in the consumer's input buffer
-(``torch/csrc/autograd/input_buffer.cpp``, ``accumulate``): ``old.add_(new)`` in place when
-the engine holds the only reference to ``old`` and to its storage, ``old`` is dense and
-neither is "tensor-subclass-like"; ``old + new`` otherwise. ``isTensorSubclassLike`` is true
-for *every* tensor while a ``TorchDispatchMode`` is active, so under xmem's tracer (fake or
-real) the engine always takes ``old + new`` and allocates a gradient-sized buffer that a
-plain GPU run does not: 147 MiB per step for GPT-2's tied embedding, one activation per
-residual connection.
+``at::isTensorSubclassLike`` is true for *every* tensor while a ``TorchDispatchMode`` is
+active, and PyTorch's autograd takes a different, allocating branch wherever it checks it.
+Under xmem's tracer (fake or real) those branches run; a plain GPU run takes the in-place
+ones. Two kinds matter for training steps:
 
-:class:`InputBufferSums` recognises those sums from the dispatcher and has them done in
-place when the engine's own conditions hold:
+* **Gradient sums.** When two gradients flow into one tensor (a residual branch, an input
+  used twice) the engine adds them in the consumer's input buffer
+  (``torch/csrc/autograd/input_buffer.cpp``, ``accumulate``): ``old.add_(new)`` when it holds
+  the only reference to ``old`` and to its storage and ``old`` is dense, else ``old + new``.
+  Under a mode, always ``old + new``: one gradient-sized buffer per residual connection.
+* **Scatters into fresh zeros.** Backward formulas of indexing ops build their gradient
+  as ``zeros.op_(...)`` and only under a mode as the out-of-place ``zeros.op(...)``, which
+  copies ``zeros``: ``gather`` (``scatter_add``; a custom loss's ``log_probs.gather`` copies a
+  whole logits-sized tensor), ``x[idx]`` (``index_put``), ``max/min(dim)``, ``topk``, ``sort``
+  (``scatter``), ``index_select`` (``index_add``), ``masked_select`` (``masked_scatter``).
 
-* backward without ``create_graph`` (the engine never adds in place with grad mode on);
-* ``aten.add.Tensor(old, new)`` with no ``alpha``, equal shapes and dtypes, ``old`` dense;
-* ``old`` was made before the autograd node now running, ``new`` by that node (its output,
-  handed to the buffer after the node's formula ran: a formula's own sums fail this);
-* nothing else holds ``old`` or its storage: ``old`` has as few references as ``new``
-  (which the engine holds once, having moved it) and its storage has no other tensor.
+:class:`BackwardInPlace` recognises both from the dispatcher and names the in-place op to
+run instead, under the conditions the C++ code checks:
+
+* backward without ``create_graph`` (grad mode off: the engine and the formulas never write
+  in place otherwise);
+* a sum is ``aten.add.Tensor(old, new)`` with equal shapes and dtypes and no ``alpha``, where
+  ``old`` was made before the autograd node now running and ``new`` by that node (its
+  output, handed to the buffer after the formula ran: a formula's own sums fail this), and
+  nothing else holds ``old`` or its storage (``old`` has as few references as ``new``, which
+  the engine holds once);
+* a scatter writes into a tensor the running node made, that nothing else holds, inside a
+  node of PyTorch's own (C++) formulas: a custom ``autograd.Function``'s Python backward
+  runs as written.
 """
 
 from __future__ import annotations
@@ -28,16 +38,27 @@ from typing import Any, Iterable
 import torch
 import torch._prims_common
 
-_ADD = torch.ops.aten.add.Tensor
-ADD_IN_PLACE = torch.ops.aten.add_.Tensor
+aten = torch.ops.aten
+_ADD = aten.add.Tensor
+
+#: out-of-place op of a backward formula's subclass branch -> the plain branch's in-place op
+SCATTERS: dict[Any, Any] = {
+    aten.scatter_add.default: aten.scatter_add_.default,
+    aten.scatter.src: aten.scatter_.src,
+    aten.scatter.value: aten.scatter_.value,
+    aten.index_add.default: aten.index_add_.default,
+    aten.masked_scatter.default: aten.masked_scatter_.default,
+    aten.index_put.default: aten._index_put_impl_.default,  # at::_index_put_impl_(.., unsafe=true)
+}
 
 
-class InputBufferSums:
-    """Follows which tensors the running autograd node made; answers whether an add is
-    the engine's buffer sum that a GPU run would do in place (as :data:`ADD_IN_PLACE`)."""
+class BackwardInPlace:
+    """Follows which tensors the running autograd node made; rewrites the allocating branch
+    of a gradient sum or scatter into the in-place op a GPU run executes."""
 
     def __init__(self) -> None:
         self._node: Any = None
+        self._python_node = False
         self._made: set[int] = set()  # ids of tensors the current node made (all alive)
 
     def node_changed(self) -> Any:
@@ -46,6 +67,7 @@ class InputBufferSums:
         node = torch._C._current_autograd_node()
         if node is not self._node:
             self._node = node
+            self._python_node = isinstance(node, torch.autograd.function.BackwardCFunction)
             self._made.clear()
         return node
 
@@ -53,9 +75,25 @@ class InputBufferSums:
         if self._node is not None:
             self._made.update(map(id, tensors))
 
-    def in_place(self, func: Any, args: tuple, kwargs: dict) -> bool:
-        """Whether ``func(*args, **kwargs)`` is a buffer sum the engine does in place on a GPU."""
-        if func is not _ADD or self._node is None or kwargs or len(args) != 2 or torch.is_grad_enabled():
+    def rewrite(self, func: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict] | None:
+        """The in-place call a GPU run makes instead of ``func(*args, **kwargs)``, or None."""
+        if self._node is None or torch.is_grad_enabled() or not args:
+            return None
+        if func is _ADD:
+            return (aten.add_.Tensor, args, kwargs) if self._buffer_sum(args, kwargs) else None
+        inplace = SCATTERS.get(func)
+        if inplace is None or self._python_node:
+            return None
+        target = args[0]
+        if id(target) not in self._made or not _sole_owner_of_storage(target):
+            return None
+        if func is aten.index_put.default:
+            accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+            return inplace, (target, args[1], args[2], accumulate, True), {}
+        return inplace, args, kwargs
+
+    def _buffer_sum(self, args: tuple, kwargs: dict) -> bool:
+        if kwargs or len(args) != 2:
             return False
         old, new = args
         if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
@@ -67,8 +105,10 @@ class InputBufferSums:
         if not torch._prims_common.is_non_overlapping_and_dense_or_false(old):
             return False
         # This call's own references count in both; "as few as new" means only the engine's.
-        if old._use_count() > new._use_count():
-            return False
-        storage = old.untyped_storage()
-        return torch._C._storage_Use_Count(storage._cdata) <= 2  # old's impl + this handle
+        return old._use_count() <= new._use_count() and _sole_owner_of_storage(old)
 
+
+def _sole_owner_of_storage(t: torch.Tensor) -> bool:
+    """No other tensor (a view, its base) shares ``t``'s storage: the count is t's own
+    reference plus the handle asked here."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2

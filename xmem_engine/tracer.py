@@ -107,7 +107,7 @@ from xmem_engine.trace import (
 )
 from xmem_engine import sdpa
 from xmem_engine.fake_fastpaths import FAST_FAKE
-from xmem_engine.grad_accumulation import ADD_IN_PLACE, InputBufferSums
+from xmem_engine.grad_accumulation import BackwardInPlace
 from xmem_engine.shadow_values import Shadows
 from xmem_engine.user_state import UserState
 from xmem_engine.virtual_cuda import VirtualCuda, VirtualStream, patched_cuda
@@ -961,7 +961,7 @@ class _AllocMode(TorchDispatchMode):
         self.t = tracer
         self.fake_errors = _fake_exceptions() if tracer.fake else ()
         self.mutable: dict[Any, bool] = {}
-        self.sums = InputBufferSums()
+        self.backward_writes = BackwardInPlace()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is _PRIM_DEVICE and self.fake_errors:
@@ -972,9 +972,9 @@ class _AllocMode(TorchDispatchMode):
                 return dev
         kwargs = kwargs or {}
         tr = self.t
-        in_backward = tr.phase == "backward" and self.sums.node_changed() is not None
-        if in_backward and self.sums.in_place(func, args, kwargs):
-            func = ADD_IN_PLACE  # autograd's buffer sum, in place as on a GPU (grad_accumulation.py)
+        in_backward = tr.phase == "backward" and self.backward_writes.node_changed() is not None
+        if in_backward:  # gradient sums and scatters in place, as on a GPU (grad_accumulation.py)
+            func, args, kwargs = self.backward_writes.rewrite(func, args, kwargs) or (func, args, kwargs)
         if tr.user_state is not None and tr.user_state.storages:
             mutable = self.mutable.get(func)
             if mutable is None:
@@ -1021,7 +1021,7 @@ class _AllocMode(TorchDispatchMode):
             if gpu:
                 tr._on_new_storage(func, t, st, key, nbytes)
         if in_backward:
-            self.sums.made(_tensors_in(out))
+            self.backward_writes.made(_tensors_in(out))
         if tr.op_hooks:
             for hook in tr.op_hooks:
                 hook(tr, func, args, kwargs, out)
