@@ -69,3 +69,85 @@ def test_copies_keep_strides_and_inplace_ops_return_self():
         assert FAST_FAKE[aten.add_.Tensor](x, torch.empty(4)) is NotImplemented        # broadcasting: let torch check
         assert FAST_FAKE[aten.add_.Tensor](x.long(), torch.empty(3, 4)) is NotImplemented  # float into int
         assert FAST_FAKE[aten.clone.default](x.t()[::2]) is NotImplemented            # not dense
+
+
+def _params():
+    return [torch.empty(3, 4), torch.empty(5), torch.empty(2, 2, 2)]
+
+
+@pytest.mark.parametrize("op, extra", [
+    (aten._foreach_add_.Scalar, lambda: (1.0,)),
+    (aten._foreach_add_.List, lambda: (_params(),)),
+    (aten._foreach_mul_.ScalarList, lambda: ([0.5, 2.0, 3.0],)),
+    (aten._foreach_lerp_.Scalar, lambda: (_params(), 0.1)),
+    (aten._foreach_addcmul_.Scalar, lambda: (_params(), _params(), 0.01)),
+    (aten._foreach_addcdiv_.ScalarList, lambda: (_params(), _params(), [-1e-3, -1e-3, -1e-3])),
+    (aten._foreach_div_.ScalarList, lambda: ([2.0, 2.0, 2.0],)),
+])
+def test_foreach_inplace_ops_allocate_nothing(op, extra):
+    with FakeTensorMode():
+        self, args = _params(), extra()
+        assert op(self, *args) is None  # FakeTensorMode's own answer
+        assert FAST_FAKE[op](self, *args) is None
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: ([torch.empty(3, 4), torch.empty(5)],),                      # wrong length
+    lambda: ([torch.empty(4, 3), torch.empty(5), torch.empty(2, 2, 2)],),  # wrong shape
+    lambda: ([torch.empty(3, 4, dtype=torch.float64), torch.empty(5), torch.empty(2, 2, 2)],),  # dtype
+    lambda: (torch.empty(3),),                                          # a tensor of scalars
+])
+def test_foreach_inplace_leaves_unusual_operands_to_fake_tensor_mode(bad):
+    with FakeTensorMode():
+        assert FAST_FAKE[aten._foreach_add_.List](_params(), *bad()) is NotImplemented
+        ints = [torch.empty(3, dtype=torch.int64)]
+        assert FAST_FAKE[aten._foreach_mul_.Scalar](ints, 0.5) is NotImplemented
+
+
+def test_foreach_sqrt_makes_one_tensor_like_each_input():
+    with FakeTensorMode():
+        params = _params() + [torch.empty(4, 6).t()]
+        reference = [meta(t) for t in aten._foreach_sqrt.default(params)]
+        assert [meta(t) for t in FAST_FAKE[aten._foreach_sqrt.default](params)] == reference
+
+
+def view_meta(t, base):
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device,
+            t.untyped_storage()._cdata == base.untyped_storage()._cdata, type(t).__name__)
+
+
+@pytest.mark.parametrize("op, args", [
+    (aten.view.default, ([12, 10],)),
+    (aten._unsafe_view.default, ([4, 30],)),
+    (aten.t.default, ()),
+    (aten.transpose.int, (0, 1)),
+    (aten.detach.default, ()),
+    (aten.expand.default, ([5, 6, 20],)),
+    (aten.permute.default, ([1, 0],)),
+    (aten.unsqueeze.default, (1,)),
+    (aten.squeeze.dim, (0,)),
+    (aten.select.int, (1, -3)),
+    (aten.slice.Tensor, (0, 1, None, 2)),
+    (aten.alias.default, ()),
+])
+def test_views_alias_their_input_like_fake_tensor_mode_does(op, args):
+    with FakeTensorMode():
+        base = torch.empty(6, 20)
+        x = base[:, :] if op is not aten.squeeze.dim else base.view(1, 6, 20)
+        if op is aten.expand.default:
+            x = base[0]
+        ref = view_meta(op(x, *args), base)
+        out = FAST_FAKE[op](x, *args)
+        assert out is not NotImplemented and view_meta(out, base) == ref
+        assert out.fake_device == x.fake_device
+
+
+def test_views_of_fake_constants_and_odd_arguments_take_fake_tensor_modes_path():
+    mode = FakeTensorMode()
+    literal = mode.fake_tensor_converter.from_real_tensor(mode, torch.tensor([1.0, 2.0, 3.0]), make_constant=True)
+    with mode:
+        assert literal.constant is not None  # FakeTensorMode keeps its value
+        assert FAST_FAKE[aten.view.default](literal, [3, 1]) is NotImplemented
+        x = torch.empty(4, 4)
+        assert FAST_FAKE[aten.view.default](x, torch.Size([16]), extra=1) is NotImplemented
+        assert FAST_FAKE[aten.transpose.int](x, 0, 1.5) is NotImplemented

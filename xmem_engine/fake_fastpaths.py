@@ -131,6 +131,91 @@ def _fast_inplace(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     return self
 
 
+def _same_lists(lists: list, n: int, like: list | None) -> bool:
+    """Every tensor list has ``n`` tensors shaped and typed like ``like``'s; scalar lists have
+    ``n`` numbers; anything else (a tensor of scalars, mixed dtypes) is not covered."""
+    for a in lists:
+        if isinstance(a, torch.Tensor):
+            return False
+        if isinstance(a, (list, tuple)):
+            if len(a) != n:
+                return False
+            for i, x in enumerate(a):
+                if isinstance(x, torch.Tensor):
+                    if like is None or x.shape != like[i].shape or x.dtype != like[i].dtype:
+                        return False
+                elif not isinstance(x, (int, float, bool)):
+                    return False
+        elif a is not None and not isinstance(a, (int, float, bool)):
+            return False
+    return True
+
+
+def _fast_foreach_inplace(self: list, *args: Any, **kwargs: Any) -> Any:
+    """Fake in-place ``_foreach_*_`` (the optimizers' steps): with operands shaped and typed
+    like ``self`` nothing is allocated and nothing returned. One cache lookup per list op
+    costs FakeTensorMode the hashing of every tensor in it, several ms a step."""
+    if (not isinstance(self, (list, tuple)) or not all(isinstance(t, torch.Tensor) and t.is_floating_point()
+                                                         for t in self)
+            or not _same_lists([*args, *kwargs.values()], len(self), self)):
+        return NotImplemented
+    return None
+
+
+def _fast_foreach_unary(self: list) -> Any:
+    """Fake out-of-place unary ``_foreach_*`` (Adam's ``_foreach_sqrt``): a new tensor like
+    each input, allocated in list order as the CUDA kernel does."""
+    if not isinstance(self, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in self):
+        return NotImplemented
+    out = [_dense_like(t, None) for t in self]
+    return NotImplemented if any(o is NotImplemented for o in out) else out
+
+
+_FOREACH_INPLACE = (
+    "_foreach_add_.Scalar", "_foreach_add_.List", "_foreach_add_.ScalarList", "_foreach_sub_.Scalar",
+    "_foreach_sub_.List", "_foreach_mul_.Scalar", "_foreach_mul_.List", "_foreach_mul_.ScalarList",
+    "_foreach_div_.Scalar", "_foreach_div_.List", "_foreach_div_.ScalarList", "_foreach_lerp_.Scalar",
+    "_foreach_lerp_.List", "_foreach_addcmul_.Scalar", "_foreach_addcmul_.ScalarList",
+    "_foreach_addcdiv_.Scalar", "_foreach_addcdiv_.ScalarList", "_foreach_sqrt_.default",
+    "_foreach_zero_.default", "_foreach_maximum_.List", "_foreach_clamp_max_.Scalar",
+)
+_FOREACH_UNARY = ("_foreach_sqrt.default", "_foreach_neg.default", "_foreach_abs.default",
+                  "_foreach_sign.default")
+
+
+def _viewer(func: Any) -> Callable[..., Any]:
+    """Fake view op (``view``, ``t``, ``transpose``, ``detach``...): the meta kernel on the
+    tensor itself, wrapped as FakeTensorMode wraps it, without the dispatch cache's hashing
+    of the input and rebuilding of the output (0.3 ms a view; T5's step makes thousands).
+    Only plain fake tensors: one holding a constant (FakeTensorMode keeps small literal
+    tensors' values) or with symbolic sizes takes FakeTensorMode's path."""
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+    def view(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if type(x) is not FakeTensor or x.constant is not None or kwargs:
+            return NotImplemented
+        for a in args:
+            if a is not None and type(a) is not int and not (isinstance(a, (list, tuple))
+                                               and all(type(i) is int for i in a)):
+                return NotImplemented
+        mode = x.fake_mode
+        with in_kernel_invocation_manager(mode):
+            out = func(x, *args)
+        return FakeTensor(mode, out, x.fake_device)
+
+    return view
+
+
+_VIEWS = ("view.default", "_unsafe_view.default", "t.default", "transpose.int", "detach.default",
+          "expand.default", "permute.default", "unsqueeze.default", "squeeze.dim", "select.int",
+          "slice.Tensor", "alias.default")
+
+
+def _overload(name: str) -> Any:
+    packet, overload = name.split(".")
+    return getattr(getattr(torch.ops.aten, packet, None), overload, None)
+
+
 FAST_FAKE: dict[Any, Callable[..., Any]] = {
     torch.ops.aten.convolution.default: _fast_convolution,
     torch.ops.aten.convolution_backward.default: _fast_convolution_backward,
@@ -145,3 +230,6 @@ FAST_FAKE: dict[Any, Callable[..., Any]] = {
     torch.ops.aten.native_batch_norm.default: _fast_batch_norm,
     torch.ops.aten.native_batch_norm_backward.default: _fast_batch_norm_backward,
 }
+FAST_FAKE.update({op: _fast_foreach_inplace for op in map(_overload, _FOREACH_INPLACE) if op is not None})
+FAST_FAKE.update({op: _fast_foreach_unary for op in map(_overload, _FOREACH_UNARY) if op is not None})
+FAST_FAKE.update({op: _viewer(op) for op in map(_overload, _VIEWS) if op is not None})
