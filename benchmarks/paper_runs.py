@@ -223,6 +223,8 @@ def table(results: list[Result]) -> str:
                  "(its recorded second verification)")
     lines.append(f"OOM runs predicted as not fitting: xmem {sum(not r.xmem_fits for r in ooms)}/{len(ooms)}; "
                  f"paper tool {sum(bool(r.paper_oom) for r in ooms)}/{len(ooms)}")
+    lines.append(f"runs that fit predicted as not fitting: xmem {sum(not r.xmem_fits for r in ok)}/{len(ok)}; "
+                 f"paper tool {sum(bool(r.paper_oom) for r in ok)}/{len(ok)}")
     secs = [r.seconds for r in results if not r.error]
     lines.append(f"seconds per estimate: median {statistics.median(secs) if secs else float('nan'):.2f}, "
                  f"max {max(secs, default=float('nan')):.2f}")

@@ -37,3 +37,4 @@ def test_table_reports_median_under_share_and_oom_answers():
     assert "| xmem (this) | 3 | 5.00% |" in out  # errors 2%, 5%, 10%
     assert "| 33.3% |" in out.splitlines()[2]  # one of three under
     assert "OOM runs predicted as not fitting: xmem 1/1" in out
+    assert "runs that fit predicted as not fitting: xmem 0/3" in out
