@@ -40,6 +40,9 @@ import torch._prims_common
 
 aten = torch.ops.aten
 _ADD = aten.add.Tensor
+# What the rewrite reads; a torch without them keeps the allocating branches (as before).
+_current_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+SUPPORTED = hasattr(torch.Tensor, "_use_count") and hasattr(torch._C, "_storage_Use_Count")
 
 #: out-of-place op of a backward formula's subclass branch -> the plain branch's in-place op
 SCATTERS: dict[Any, Any] = {
@@ -64,7 +67,7 @@ class BackwardInPlace:
     def node_changed(self) -> Any:
         """The autograd node now running (None outside backward); forgets what the
         previous one made."""
-        node = torch._C._current_autograd_node()
+        node = _current_node() if SUPPORTED else None
         if node is not self._node:
             self._node = node
             self._python_node = isinstance(node, torch.autograd.function.BackwardCFunction)
