@@ -78,7 +78,6 @@ BLACKWELL_32MIB = (2, 12)  # PR #175344 (2026-02-19): 32 MiB default for major 1
 SMALL_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8  # ":4096:2:16:8"
 
 
-
 def parse_version(text: str | None = None) -> tuple[int, int]:
     """``"2.6"``, ``"2.6.0+cu124"``, ``"2.13.0"`` -> (major, minor); None -> the installed torch."""
     if not text:
