@@ -48,7 +48,6 @@ SUPPORTED = hasattr(torch.Tensor, "_use_count") and hasattr(torch._C, "_storage_
 SCATTERS: dict[Any, Any] = {
     aten.scatter_add.default: aten.scatter_add_.default,
     aten.scatter.src: aten.scatter_.src,
-    aten.scatter.value: aten.scatter_.value,
     aten.index_add.default: aten.index_add_.default,
     aten.masked_scatter.default: aten.masked_scatter_.default,
     aten.index_put.default: aten._index_put_impl_.default,  # at::_index_put_impl_(.., unsafe=true)
