@@ -14,6 +14,7 @@ taken after the CUDA context existed, so it excludes the context; xmem's figure 
 Needs torchvision and transformers (``make bench-setup`` builds ``.venv-bench`` with them):
 
     .venv-bench/bin/python benchmarks/paper_runs.py [--limit N] [--only MODEL] [--json FILE]
+        [--compare benchmarks/data/paper_runs-2026-11-30.jsonl]
 """
 
 from __future__ import annotations
@@ -235,6 +236,26 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def compare(results: list[Result], previous: list[dict], min_points: float = 0.3) -> str:
+    """Per-run change against an earlier ``--json`` file (e.g. benchmarks/data/paper_runs-*.jsonl):
+    the runs whose relative error moved by at least ``min_points`` percentage points."""
+    before = {p["experiment"]: p for p in previous}
+    moved = []
+    for r in results:
+        p = before.get(r.experiment)
+        if p is None or r.real_oom or r.error or p.get("error"):
+            continue
+        old = 100 * (p["xmem_bytes"] - r.ground_bytes) / r.ground_bytes
+        new = 100 * (r.xmem_bytes - r.ground_bytes) / r.ground_bytes
+        if abs(new - old) >= min_points:
+            moved.append((r, old, new))
+    lines = [f"against the earlier file: {len(moved)} runs moved, "
+             f"{sum(abs(n) < abs(o) for _, o, n in moved)} closer, {sum(abs(n) > abs(o) for _, o, n in moved)} further"]
+    for r, old, new in sorted(moved, key=lambda m: abs(m[2]) - abs(m[1])):
+        lines.append(f"  {r.model} {r.optimiser} bs{r.batch_size} {r.gpu[-8:]}: {old:+.1f}% -> {new:+.1f}%")
+    return "\n".join(lines)
+
+
 def repeats(rows: list[dict]) -> str:
     """How far apart the CSV's own measurements of one workload are: the floor under any
     estimate's error. Adam and AdamW count as one workload (AdamW's decay is in place, so
@@ -276,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, help="only the first N rows")
     ap.add_argument("--only", help="only rows of this model")
     ap.add_argument("--json", metavar="FILE", help="write per-run results as JSON lines")
+    ap.add_argument("--compare", metavar="FILE", help="an earlier --json file: list the runs whose error moved")
     ap.add_argument("--show", action="store_true", help="print the workload code of the first row and exit")
     args = ap.parse_args(argv)
     if not Path(args.csv).exists():
@@ -306,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(results))
     print(repeats(rows))
+    if args.compare:
+        print(compare(results, [json.loads(line) for line in open(args.compare) if line.strip()]))
     return 0
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.paper_runs import Result, repeats, table  # noqa: E402
+from benchmarks.paper_runs import Result, compare, repeats, table  # noqa: E402
 
 MiB = 1 << 20
 
@@ -38,3 +38,15 @@ def test_table_reports_median_under_share_and_oom_answers():
     assert "| 33.3% |" in out.splitlines()[2]  # one of three under
     assert "OOM runs predicted as not fitting: xmem 1/1" in out
     assert "runs that fit predicted as not fitting: xmem 0/3" in out
+
+
+def test_compare_lists_the_runs_that_moved_closer_or_further():
+    now = [result(102, 100), result(110, 100), result(100, 100)]
+    for i, r in enumerate(now):
+        r.experiment = f"e{i}"
+    before = [{"experiment": "e0", "xmem_bytes": 105 * MiB, "error": ""},   # +5% -> +2%: closer
+              {"experiment": "e1", "xmem_bytes": 104 * MiB, "error": ""},   # +4% -> +10%: further
+              {"experiment": "e2", "xmem_bytes": 100 * MiB, "error": ""}]   # unchanged
+    out = compare(now, before).splitlines()
+    assert out[0] == "against the earlier file: 2 runs moved, 1 closer, 1 further"
+    assert out[1].endswith("+5.0% -> +2.0%") and out[2].endswith("+4.0% -> +10.0%")
