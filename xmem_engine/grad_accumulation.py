@@ -23,9 +23,10 @@ run instead, under the conditions the C++ code checks:
   in place otherwise);
 * a sum is ``aten.add.Tensor(old, new)`` with equal shapes and dtypes and no ``alpha``, where
   ``old`` was made before the autograd node now running and ``new`` by that node (its
-  output, handed to the buffer after the formula ran: a formula's own sums fail this), and
-  nothing else holds ``old`` or its storage (``old`` has as few references as ``new``, which
-  the engine holds once);
+  output, handed to the buffer after the formula ran: a formula's own sums fail this) or
+  handed on unchanged by a node that computes no sums (:data:`PASS_THROUGH`), and nothing
+  else holds ``old`` or its storage (``old`` has as few references as ``new``, which the
+  engine holds once);
 * a scatter writes into a tensor the running node made, that nothing else holds, inside a
   node of PyTorch's own (C++) formulas: a custom ``autograd.Function``'s Python backward
   runs as written.
@@ -54,6 +55,13 @@ SCATTERS: dict[Any, Any] = {
 }
 
 
+#: Nodes whose formulas hand the incoming gradient on unchanged (``a + b`` gives ``grad`` to
+#: both) and compute no sums of their own: every add while one runs is a buffer sum, also of
+#: a gradient the node did not make (T5's shared position bias, ``scores += bias``).
+PASS_THROUGH = frozenset({"AddBackward0", "AddBackward1", "SubBackward0", "SubBackward1", "CloneBackward0",
+                          "AliasBackward0"})
+
+
 class BackwardInPlace:
     """Follows which tensors the running autograd node made; rewrites the allocating branch
     of a gradient sum or scatter into the in-place op a GPU run executes."""
@@ -61,6 +69,7 @@ class BackwardInPlace:
     def __init__(self) -> None:
         self._node: Any = None
         self._python_node = False
+        self._pass_through = False
         self._made: set[int] = set()  # ids of tensors the current node made (all alive)
 
     def node_changed(self) -> Any:
@@ -70,6 +79,7 @@ class BackwardInPlace:
         if node is not self._node:
             self._node = node
             self._python_node = isinstance(node, torch.autograd.function.BackwardCFunction)
+            self._pass_through = node is not None and node.name() in PASS_THROUGH
             self._made.clear()
         return node
 
@@ -100,7 +110,9 @@ class BackwardInPlace:
         old, new = args
         if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
             return False
-        if id(old) in self._made or id(new) not in self._made:
+        if id(old) in self._made or not (id(new) in self._made or self._pass_through):
+            return False
+        if old is new:  # x + x: the engine holds the gradient twice, so it adds out of place
             return False
         if old.shape != new.shape or old.dtype != new.dtype or old.layout != torch.strided:
             return False
