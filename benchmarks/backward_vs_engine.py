@@ -1,0 +1,85 @@
+"""The tracer's backward pass against autograd's own, op by op.
+
+The tracer runs user code under dispatch modes, and PyTorch's C++ takes other branches
+under a mode (``isTensorSubclassLike`` is true; see xmem_engine/grad_accumulation.py). This
+script runs one backward pass of a model twice on the CPU: plainly under
+``torch.profiler(profile_memory=True)`` (no mode: what a GPU run's engine does), and under
+xmem's tracer (real mode). It prints, per aten op, how many allocations each made, and the
+ops where they differ.
+
+Reading the differences: the profiler counts an allocation at every level of nested ops
+(``reshape`` -> ``clone`` -> ``empty_like``), and counts temporaries inside one kernel
+(``contiguous`` inside ``embedding_dense_backward``), which the tracer sees as one op; 4-byte
+allocations (Python scalars wrapped as CPU tensors, which stay on the host in a GPU run,
+and the 0-d seed gradient ``ones_like(loss)``, which the tracer does count) are left out. Dropout is set to 0: the CPU and CUDA dropout kernels allocate differently
+by design.
+
+    .venv/bin/python benchmarks/backward_vs_engine.py                     # a small transformer
+    .venv-bench/bin/python benchmarks/backward_vs_engine.py T5-small      # paper_runs.py's LMs
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from xmem_engine.tracer import trace  # noqa: E402
+
+TINY = (REPO / "tests" / "test_grad_accumulation.py").read_text().split('TINY_LM = """')[1].split('"""')[0]
+
+
+def build(name: str) -> tuple[str, str]:
+    """(source that defines ``model`` on the CPU, the one line that computes ``loss`` from it)."""
+    if name == "tiny":
+        return TINY + "\ntorch.manual_seed(0)\nmodel = TinyLM()\n", "loss = model(ids[:, :16] % 100)"
+    from benchmarks.paper_runs import LMS
+
+    cls, cfg_cls, cfg = LMS[name]
+    cfg = {k: (0.0 if "drop" in k else v) for k, v in cfg.items()}
+    src = (f"import torch, transformers\nconfig = transformers.{cfg_cls}(**{cfg!r})\n"
+           f"torch.manual_seed(0)\nmodel = transformers.{cls}(config)\nmodel.train()\n")
+    return src, "loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids.clone()).loss"
+
+
+def engine_counts(src: str, loss_line: str, ids: torch.Tensor) -> collections.Counter:
+    ns = {"ids": ids}
+    exec(src + loss_line, ns)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        ns["loss"].backward()
+    return collections.Counter(ev.name.split("::")[1] for ev in prof.events()
+                               if ev.cpu_memory_usage > 4 and ev.name.startswith("aten::"))
+
+
+def tracer_counts(src: str, loss_line: str, ids: torch.Tensor) -> collections.Counter:
+    code = src.replace("\nmodel.train()", "") + "model = model.cuda()\nmodel.train()\nids = ids.cuda()\n" + loss_line + "\nloss.backward()\n"
+    tr = trace(code, {"ids": ids}, mode="real")
+    return collections.Counter(e.op.split(".")[1] for e in tr.events
+                               if e.kind == "alloc" and e.phase == "backward" and e.op.startswith("aten."))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?", default="tiny", help="'tiny' or a language model of paper_runs.py")
+    args = ap.parse_args(argv)
+    src, loss_line = build(args.model)
+    ids = torch.randint(3, 1000, (2, 128))
+    engine, ours = engine_counts(src, loss_line, ids), tracer_counts(src, loss_line, ids)
+    same = sorted(k for k in ours if engine.get(k) == ours[k])
+    print(f"{args.model}: allocations in one backward pass, by op")
+    print("  equal:", ", ".join(f"{k} {ours[k]}" for k in same))
+    for k in sorted(set(engine) | set(ours)):
+        if engine.get(k, 0) != ours.get(k, 0):
+            print(f"  differ: {k}: engine {engine.get(k, 0)}, tracer {ours.get(k, 0)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
