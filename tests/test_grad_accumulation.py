@@ -229,3 +229,20 @@ for name, p in model.named_parameters():
     assert torch.allclose(p.grad.cpu(), reference[name], atol=1e-6), name
 """
     trace(step, {"ids": ids, "reference": reference}, mode="real")  # raises if a gradient differs
+
+
+def test_backward_allocations_match_the_engine_op_by_op(capsys):
+    """benchmarks/backward_vs_engine.py on the small transformer: every op allocates as often
+    under the tracer as in autograd run plainly; only the profiler's nested factories (and
+    the 0-d seed gradient it leaves out) differ."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import backward_vs_engine
+
+    assert backward_vs_engine.main(["tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "mm 20" in out and "add 5" in out
+    differ = {line.split(":")[1].strip() for line in out.splitlines() if line.strip().startswith("differ:")}
+    assert differ <= {"embedding_backward", "empty", "zeros", "ones_like"}, differ
