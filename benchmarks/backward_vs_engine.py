@@ -31,15 +31,14 @@ from torch.profiler import ProfilerActivity, profile
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.model_zoo import TINY_LM  # noqa: E402
 from xmem_engine.tracer import trace  # noqa: E402
-
-TINY = (REPO / "tests" / "test_grad_accumulation.py").read_text().split('TINY_LM = """')[1].split('"""')[0]
 
 
 def build(name: str) -> tuple[str, str]:
     """(source that defines ``model`` on the CPU, the one line that computes ``loss`` from it)."""
     if name == "tiny":
-        return TINY + "\ntorch.manual_seed(0)\nmodel = TinyLM()\n", "loss = model(ids[:, :16] % 100)"
+        return TINY_LM + "\ntorch.manual_seed(0)\nmodel = TinyLM()\n", "loss = model(ids[:, :16] % 100)"
     from benchmarks.paper_runs import LMS
 
     cls, cfg_cls, cfg = LMS[name]

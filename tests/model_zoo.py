@@ -285,3 +285,48 @@ def train_fn(name: str, iters: int = 2, opt: str = "adamw") -> Callable[[], None
             optimizer.zero_grad(set_to_none=True)
 
     return run
+
+
+# Source of a transformer-like step (a string: tests and benchmarks/backward_vs_engine.py
+# run it both plainly and as a traced cell) with every way two gradients meet: residual branches, a Python
+# RMS norm and tanh-GELU (inputs used two and three times), a bias shared by all layers and
+# added in place to the scores (its gradient arrives through AddBackward unchanged), and an
+# embedding tied to the output layer.
+TINY_LM = """
+import math
+import torch
+import torch.nn as nn
+
+class Layer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(d))
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+    def norm(self, h):
+        return self.w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+    def forward(self, h, bias):
+        q, k, v = self.qkv(self.norm(h)).chunk(3, dim=-1)
+        scores = q @ k.transpose(-1, -2)
+        scores += bias
+        h = h + scores.softmax(-1) @ v
+        x = self.up(self.norm(h))
+        x = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+        return h + self.down(x)
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab=100, d=32, n=3, seq=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.bias = nn.Parameter(torch.zeros(seq, seq))
+        self.layers = nn.ModuleList(Layer(d) for _ in range(n))
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+    def forward(self, ids):
+        h = self.emb(ids)
+        bias = self.bias * torch.ones(ids.shape[0], 1, 1, device=ids.device)  # scores' shape
+        for layer in self.layers:
+            h = layer(h, bias)
+        return nn.functional.cross_entropy(self.head(h).flatten(0, 1), ids.flatten())
+"""
