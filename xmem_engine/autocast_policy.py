@@ -144,7 +144,7 @@ def cuda_ops() -> dict[str, str]:
     ``AutocastCUDA`` (the whole table if it cannot tell)."""
     registered = _registrations("AutocastCUDA")
     if not registered:  # pragma: no cover
-        return {n: p for n, p in POLICY.items() if _op(n) is not None}
+        return {n: p for n, p in POLICY.items() if aten_op(n) is not None}
     return {n: POLICY[n] for n in registered if n in POLICY}
 
 
@@ -154,7 +154,8 @@ def unknown_cuda_ops() -> list[str]:
     return [n for n in _registrations("AutocastCUDA") if n not in POLICY]
 
 
-def _op(name: str) -> Any:
+def aten_op(name: str) -> Any:
+    """``"mm"`` / ``"add_.Tensor"`` -> that aten OpOverload, or None where this torch lacks it."""
     base, _, overload = name.partition(".")
     packet = getattr(torch.ops.aten, base, None)
     if packet is None:
@@ -205,7 +206,7 @@ class CudaAutocastPolicy:
                 # "Overriding a previously registered kernel": that is the point
                 warnings.simplefilter("ignore")
                 for name, policy in ops.items():
-                    op = _op(name)
+                    op = aten_op(name)
                     if op is not None:
                         lib.impl(name, self._kernel(op, name, policy))
                 for name in _registrations("AutocastCPU"):
@@ -350,7 +351,7 @@ class CudaAutocastPolicy:
                     return op(*args, **kwargs)
 
         elif policy == FP32_APPEND_DTYPE:
-            target = _op(APPEND_DTYPE_TARGET[name])
+            target = aten_op(APPEND_DTYPE_TARGET[name])
             names = [a.name for a in op._schema.arguments]
             defaults = {a.name: a.default_value for a in op._schema.arguments if a.has_default_value()}
 

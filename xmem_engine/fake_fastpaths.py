@@ -20,6 +20,8 @@ from typing import Any, Callable
 import torch
 import torch._prims_common
 
+from xmem_engine.autocast_policy import aten_op
+
 _PLAIN_FLOATS = (torch.float32, torch.float64)
 
 
@@ -131,7 +133,7 @@ def _fast_inplace(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     return self
 
 
-def _same_lists(lists: list, n: int, like: list | None) -> bool:
+def _same_lists(lists: list, n: int, like: list) -> bool:
     """Every tensor list has ``n`` tensors shaped and typed like ``like``'s; scalar lists have
     ``n`` numbers; anything else (a tensor of scalars, mixed dtypes) is not covered."""
     for a in lists:
@@ -142,7 +144,7 @@ def _same_lists(lists: list, n: int, like: list | None) -> bool:
                 return False
             for i, x in enumerate(a):
                 if isinstance(x, torch.Tensor):
-                    if like is None or x.shape != like[i].shape or x.dtype != like[i].dtype:
+                    if x.shape != like[i].shape or x.dtype != like[i].dtype:
                         return False
                 elif not isinstance(x, (int, float, bool)):
                     return False
@@ -211,11 +213,6 @@ _VIEWS = ("view.default", "_unsafe_view.default", "t.default", "transpose.int", 
           "slice.Tensor", "alias.default")
 
 
-def _overload(name: str) -> Any:
-    packet, overload = name.split(".")
-    return getattr(getattr(torch.ops.aten, packet, None), overload, None)
-
-
 FAST_FAKE: dict[Any, Callable[..., Any]] = {
     torch.ops.aten.convolution.default: _fast_convolution,
     torch.ops.aten.convolution_backward.default: _fast_convolution_backward,
@@ -230,6 +227,6 @@ FAST_FAKE: dict[Any, Callable[..., Any]] = {
     torch.ops.aten.native_batch_norm.default: _fast_batch_norm,
     torch.ops.aten.native_batch_norm_backward.default: _fast_batch_norm_backward,
 }
-FAST_FAKE.update({op: _fast_foreach_inplace for op in map(_overload, _FOREACH_INPLACE) if op is not None})
-FAST_FAKE.update({op: _fast_foreach_unary for op in map(_overload, _FOREACH_UNARY) if op is not None})
-FAST_FAKE.update({op: _viewer(op) for op in map(_overload, _VIEWS) if op is not None})
+FAST_FAKE.update({op: _fast_foreach_inplace for op in map(aten_op, _FOREACH_INPLACE) if op is not None})
+FAST_FAKE.update({op: _fast_foreach_unary for op in map(aten_op, _FOREACH_UNARY) if op is not None})
+FAST_FAKE.update({op: _viewer(op) for op in map(aten_op, _VIEWS) if op is not None})
