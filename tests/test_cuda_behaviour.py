@@ -90,6 +90,21 @@ def test_a_step_with_convolutions_says_cudnn_workspaces_are_not_in_it():
     assert len(events) == 2  # a note, nothing added
 
 
+def test_the_tracer_records_convolutions_once_for_every_gpu_switch():
+    from xmem_engine.tracer import trace
+
+    step = """
+import torch
+conv = torch.nn.Conv2d(3, 8, 3).cuda()
+conv(torch.randn(2, 3, 16, 16, device="cuda")).sum().backward()
+"""
+    tr = trace(step, {}, mode="fake")
+    assert tr.meta["convolutions"] is True
+    assert trace("import torch\nx = torch.ones(8, device='cuda') * 2\n", {}, mode="fake").meta["convolutions"] is False
+    tr.meta["convolutions"] = False  # what the tracer recorded is what a switch reads
+    assert cb.CUDNN_NOTE not in adapt_trace(tr, A100, "2.13.0", environ={})[1]
+
+
 def test_env_overrides():
     step = _linear_step()
     # CUBLASLT_WORKSPACE_SIZE is in KiB

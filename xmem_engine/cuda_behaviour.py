@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import replace
+from typing import Iterable
 
 from xmem_engine.gpus import GPU
 from xmem_engine.trace import ALLOC, FREE, Trace, TraceEvent
@@ -143,6 +144,11 @@ def op_name(op: str) -> str:
     return ".".join(parts[:2]) if len(parts) >= 2 else op
 
 
+def runs_convolutions(events: Iterable[TraceEvent]) -> bool:
+    """Whether a step allocates for a convolution (forward or backward): on a GPU, cuDNN's."""
+    return any(e.op.startswith(CONV_OP_PREFIXES) for e in events if e.kind == ALLOC)
+
+
 def takes_lt_path(e: TraceEvent, environ: dict | None = None) -> bool:
     """Whether the GEMM whose output ``e`` allocates runs on cuBLASLt (see :data:`LT_OPS`)."""
     if e.kind != ALLOC:
@@ -162,7 +168,10 @@ def adapt_trace(trace: Trace, gpu: GPU, torch_version: str | None = None,
     env = os.environ if environ is None else environ
     size = cublas_workspace_bytes(gpu, env, torch_version)
     notes = []
-    if any(e.op.startswith(CONV_OP_PREFIXES) for e in trace.events if e.kind == ALLOC):
+    convolutions = trace.meta.get("convolutions")  # recorded by the tracer; a trace file lacks it
+    if convolutions is None:
+        convolutions = runs_convolutions(trace.events)
+    if convolutions:
         notes.append(CUDNN_NOTE)
     if env.get("CUBLAS_WORKSPACE_CONFIG"):
         notes.append(f"cuBLAS workspace {size} B from CUBLAS_WORKSPACE_CONFIG")

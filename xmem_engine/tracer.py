@@ -106,6 +106,7 @@ from xmem_engine.trace import (
     TraceEvent,
 )
 from xmem_engine import sdpa
+from xmem_engine.cuda_behaviour import runs_convolutions
 from xmem_engine.fake_fastpaths import FAST_FAKE
 from xmem_engine.grad_accumulation import BackwardInPlace
 from xmem_engine.shadow_values import Shadows
@@ -1464,7 +1465,8 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
     events = tracer.finish()
     props = tracer.vc.props
     meta = {"device": props.name, "compute_capability": [props.major, props.minor],
-            "iterations": tracer.iteration + 1, "stopped": tracer.stopped}
+            "iterations": tracer.iteration + 1, "stopped": tracer.stopped,
+            "convolutions": runs_convolutions(events)}  # read on every GPU switch: found once
     if tracer.sdpa_calls:
         meta["sdpa_calls"] = tracer.sdpa_calls  # their backend was chosen for this capability
     return Trace(events=events, mode=mode, seconds=seconds, meta=meta)
