@@ -64,6 +64,11 @@ def test_copies_keep_strides_and_inplace_ops_return_self():
     ref, fast = both(aten.clone.default, lambda: torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last))
     assert ref == fast
     with FakeTensorMode():
+        x = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)[:, :, 1:]
+        ref, fast = aten.clone.default(x, memory_format=torch.contiguous_format), \
+            FAST_FAKE[aten.clone.default](x, memory_format=torch.contiguous_format)
+        assert meta(ref) == meta(fast)
+    with FakeTensorMode():
         x = torch.empty(3, 4)
         assert FAST_FAKE[aten.add_.Tensor](x, torch.empty(3, 4)) is x
         assert FAST_FAKE[aten.add_.Tensor](x, torch.empty(4)) is NotImplemented        # broadcasting: let torch check
@@ -151,3 +156,121 @@ def test_views_of_fake_constants_and_odd_arguments_take_fake_tensor_modes_path()
         x = torch.empty(4, 4)
         assert FAST_FAKE[aten.view.default](x, torch.Size([16]), extra=1) is NotImplemented
         assert FAST_FAKE[aten.transpose.int](x, 0, 1.5) is NotImplemented
+
+
+def _t(*shape, dtype=torch.float32):
+    return lambda: torch.empty(shape, dtype=dtype)
+
+
+def _strided():
+    return torch.empty(8, 6).t()  # not contiguous
+
+
+COMPUTE_CASES = [
+    (aten.mm.default, (_t(4, 5), _t(5, 3)), {}),
+    (aten.mm.default, (_strided, _t(8, 2)), {}),
+    (aten.bmm.default, (_t(2, 4, 5), _t(2, 5, 3)), {}),
+    (aten.add.Tensor, (_t(4, 1, 5), _t(3, 1)), {"alpha": 2}),
+    (aten.add.Tensor, (_t(4, 5, dtype=torch.float16), _t(5, dtype=torch.float16)), {}),
+    (aten.add.Tensor, (_t(4, 5), _t()), {}),
+    (aten.sub.Tensor, (_t(4, 5), _t(5)), {}),
+    (aten.mul.Tensor, (_t(2, 1, 4), _t(3, 1)), {}),
+    (aten.mul.Tensor, (_t(0, 4), _t(4)), {}),
+    (aten.div.Tensor, (_t(4, 5, dtype=torch.float64), _t(4, 5, dtype=torch.float64)), {}),
+    (aten.mul.Scalar, (_t(3, 4), 2.5), {}),
+    (aten.mul.Scalar, (_t(3, 4, dtype=torch.bfloat16), 3), {}),
+    (aten.div.Scalar, (_t(3, 4), 3), {}),
+    (aten.add.Scalar, (_t(3, 4), 1.5), {}),
+    (aten.rsub.Scalar, (_t(3, 4), 1.0), {}),
+    (aten.pow.Tensor_Scalar, (_t(3, 4), 2), {}),
+    (aten.pow.Tensor_Scalar, (_t(3, 4, dtype=torch.float16), 0.5), {}),
+    (aten.rsqrt.default, (_t(3, 4),), {}),
+    (aten.sqrt.default, (_t(3),), {}),
+    (aten.exp.default, (_t(3, 4),), {}),
+    (aten.log.default, (_t(3, 4),), {}),
+    (aten.neg.default, (_t(3, 4),), {}),
+    (aten.tanh.default, (_t(3, 4),), {}),
+    (aten.tanh_backward.default, (_t(3, 4), _t(3, 4)), {}),
+    (aten.sigmoid.default, (_t(3, 4),), {}),
+    (aten.sigmoid_backward.default, (_t(3, 4), _t(3, 4)), {}),
+    (aten.gelu.default, (_t(3, 4),), {"approximate": "tanh"}),
+    (aten.gelu_backward.default, (_t(3, 4), _t(3, 4)), {}),
+    (aten.silu.default, (_t(3, 4),), {}),
+    (aten.silu_backward.default, (_t(3, 4), _t(3, 4)), {}),
+    (aten._softmax.default, (_t(2, 3, 4), -1, False), {}),
+    (aten._softmax.default, (lambda: torch.empty(2, 3, 4).transpose(1, 2), 1, False), {}),
+    (aten.ne.Scalar, (_t(3, 4, dtype=torch.int64), 0), {}),
+    (aten.eq.Scalar, (_t(3, 4), 0), {}),
+    (aten.gt.Scalar, (_t(3, 4), 0.5), {}),
+    (aten.lt.Scalar, (_t(3, 4, dtype=torch.bool), 1), {}),
+    (aten.ge.Scalar, (_t(3, 4), 0), {}),
+    (aten.le.Scalar, (_t(3, 4), 0), {}),
+    (aten.minimum.default, (_t(3, 4), _t(4)), {}),
+    (aten.maximum.default, (_t(3, 4), _t(3, 4)), {}),
+    (aten.zeros_like.default, (_strided,), {}),
+    (aten.zeros_like.default, (_t(3, 4),), {"dtype": torch.float16}),
+    (aten.full_like.default, (_t(3, 4), 7), {}),
+    (aten.empty_like.default, (lambda: torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last),), {}),
+    (aten.ones_like.default, (_t(3, 4),), {"memory_format": torch.contiguous_format}),
+    (aten.native_dropout.default, (_t(3, 4), 0.1, True), {}),
+    (aten.native_dropout_backward.default, (_t(3, 4), _t(3, 4, dtype=torch.bool), 1.1), {}),
+]
+
+# Cases the shortcuts leave to FakeTensorMode (type promotion, layouts, errors).
+DECLINED_CASES = [
+    (aten.add.Tensor, (_t(4, 5, dtype=torch.int64), _t(dtype=torch.float64)), {}),
+    (aten.add.Tensor, (_t(4, 5, dtype=torch.float16), _t(4, 5)), {}),
+    (aten.add.Tensor, (_strided, _t(8)), {}),
+    (aten.mul.Tensor, (lambda: torch.empty(2, 3, 4).permute(2, 0, 1), _t(4, 2, 3)), {}),
+    (aten.mul.Tensor, (_t(4, 5), _t(3)), {}),  # not broadcastable: FakeTensorMode's error
+    (aten.div.Tensor, (_t(4, 5, dtype=torch.int32), _t(4, 5, dtype=torch.int32)), {}),
+    (aten.add.Scalar, (_t(3, 4, dtype=torch.int64), 1.5), {}),
+    (aten.mul.Scalar, (_t(3, 4), True), {}),
+    (aten.native_dropout.default, (_t(3, 4), 0.1, False), {}),
+    (aten.native_dropout.default, (_strided, 0.1, True), {}),
+]
+
+
+@pytest.mark.parametrize("op, args, kwargs", COMPUTE_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(COMPUTE_CASES)])
+def test_compute_ops_make_what_fake_tensor_mode_makes(op, args, kwargs):
+    with FakeTensorMode():
+        args = tuple(a() if callable(a) else a for a in args)
+        reference = op(*args, **kwargs)
+        fast = FAST_FAKE[op](*args, **kwargs)
+        assert fast is not NotImplemented
+        assert meta(fast) == meta(reference)
+        for f, r in zip(fast if isinstance(fast, tuple) else (fast,), reference if isinstance(reference, tuple) else (reference,)):
+            assert f.fake_device == r.fake_device and f.requires_grad == r.requires_grad
+
+
+@pytest.mark.parametrize("op, args, kwargs", DECLINED_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(DECLINED_CASES)])
+def test_compute_ops_leave_type_promotion_and_layouts_to_fake_tensor_mode(op, args, kwargs):
+    with FakeTensorMode():
+        args = tuple(a() if callable(a) else a for a in args)
+        assert FAST_FAKE[op](*args, **kwargs) is NotImplemented
+
+
+def test_compute_ops_leave_constants_devices_and_tensor_lists_to_fake_tensor_mode():
+    mode = FakeTensorMode()
+    literal = mode.fake_tensor_converter.from_real_tensor(mode, torch.tensor([1.0, 2.0, 3.0]), make_constant=True)
+    with mode:
+        x = torch.empty(3)
+        assert FAST_FAKE[aten.mul.Tensor](x, literal) is NotImplemented
+        assert FAST_FAKE[aten.zeros_like.default](x, device="cpu") is NotImplemented
+        assert FAST_FAKE[aten.mul.Scalar](2.0, 3.0) is NotImplemented  # no tensor at all
+    real = torch.ones(3)
+    with FakeTensorMode():
+        assert FAST_FAKE[aten.add.Tensor](torch.empty(3), real) is NotImplemented
+        with pytest.raises(RuntimeError):  # the meta kernel's own shape check
+            FAST_FAKE[aten.mm.default](torch.empty(2, 3), torch.empty(4, 5))
+
+
+@pytest.mark.parametrize("shapes", [[(3, 4)], [(3, 4), (3, 4)], [(4, 1, 5), (3, 1)], [(0, 4), (4,)], [(1,), ()],
+                                    [(2, 1), (1, 3), (1, 1, 1)], [(5, 0), (1, 1)], [(3,), (4,)], [(2, 3), (3, 3)]])
+def test_broadcast_matches_torch(shapes):
+    from xmem_engine.fake_fastpaths import _broadcast
+    try:
+        expected = tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        expected = None
+    assert _broadcast([torch.Size(s) for s in shapes]) == expected

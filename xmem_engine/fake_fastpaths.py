@@ -19,10 +19,39 @@ from typing import Any, Callable
 
 import torch
 import torch._prims_common
+from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
 from xmem_engine.autocast_policy import aten_op
 
 _PLAIN_FLOATS = (torch.float32, torch.float64)
+_CPU = torch.device("cpu")
+
+
+def _empty(size: Any, stride: Any, dtype: torch.dtype, like: Any = None) -> Any:
+    """A fresh fake tensor as FakeTensorMode makes a factory's output (a meta tensor, wrapped),
+    without its dispatch cache: hashing the arguments and rebuilding the cached output cost
+    0.3-0.4 ms a call, several times a meta kernel's."""
+    if type(like) is FakeTensor:
+        mode, device = like.fake_mode, like.fake_device
+    else:
+        mode, device = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE), _CPU
+        if mode is None:
+            return torch.empty_strided(size, stride, dtype=dtype, device="cpu")
+    with in_kernel_invocation_manager(mode):
+        meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
+    return FakeTensor(mode, meta, device)
+
+
+def _new_empty(x: torch.Tensor, size: Any) -> Any:
+    """``x.new_empty(size)``: contiguous, ``x``'s dtype."""
+    return _empty(size, torch._prims_common.make_contiguous_strides_for(size), x.dtype, x)
+
+
+def _empty_like(x: torch.Tensor) -> Any:
+    """``torch.empty_like(x)`` (``preserve_format``): ``x``'s strides when dense."""
+    if x.layout != torch.strided or not torch._prims_common.is_non_overlapping_and_dense_or_false(x):
+        return torch.empty_like(x)
+    return _empty(x.size(), x.stride(), x.dtype, x)
 
 
 def _fast_batch_norm(input: torch.Tensor, weight: Any, bias: Any, running_mean: Any, running_var: Any,
@@ -34,7 +63,7 @@ def _fast_batch_norm(input: torch.Tensor, weight: Any, bias: Any, running_mean: 
         return NotImplemented
     c = input.shape[1]
     stats = (c,) if training or running_mean is None else (0,)
-    return torch.empty_like(input), input.new_empty(stats), input.new_empty(stats)
+    return _empty_like(input), _new_empty(input, stats), _new_empty(input, stats)
 
 
 def _fast_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: Any, running_mean: Any,
@@ -45,9 +74,9 @@ def _fast_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weigh
         return NotImplemented
     c = input.shape[1]
     return (
-        torch.empty_like(input) if output_mask[0] else None,
-        input.new_empty((c,)) if output_mask[1] else None,
-        input.new_empty((c,)) if output_mask[2] else None,
+        _empty_like(input) if output_mask[0] else None,
+        _new_empty(input, (c,)) if output_mask[1] else None,
+        _new_empty(input, (c,)) if output_mask[2] else None,
     )
 
 
@@ -57,7 +86,7 @@ def _dense_like(x: torch.Tensor, dtype: torch.dtype | None) -> Any:
     instead of a conversion of ``x`` (a real ``x`` costs FakeTensorMode a meta copy)."""
     if x.layout != torch.strided or not torch._prims_common.is_non_overlapping_and_dense_or_false(x):
         return NotImplemented
-    return torch.empty_strided(x.size(), x.stride(), dtype=dtype or x.dtype, device="cpu")
+    return _empty(x.size(), x.stride(), dtype or x.dtype, x)
 
 
 def _fast_to_copy(x: torch.Tensor, *, dtype: Any = None, layout: Any = None, device: Any = None,
@@ -69,6 +98,8 @@ def _fast_to_copy(x: torch.Tensor, *, dtype: Any = None, layout: Any = None, dev
 
 
 def _fast_clone(x: torch.Tensor, *, memory_format: Any = None) -> Any:
+    if memory_format is torch.contiguous_format and x.layout == torch.strided:  # ``x.contiguous()``
+        return _new_empty(x, x.shape)
     if memory_format not in (None, torch.preserve_format):
         return NotImplemented
     return _dense_like(x, None)
@@ -94,7 +125,7 @@ def _fast_convolution(input: torch.Tensor, weight: torch.Tensor, bias: Any, stri
         if n <= 0:
             return NotImplemented  # let the meta kernel raise its error
         out.append(n)
-    return input.new_empty(out)
+    return _new_empty(input, out)
 
 
 def _fast_convolution_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
@@ -105,9 +136,9 @@ def _fast_convolution_backward(grad_output: torch.Tensor, input: torch.Tensor, w
             or not input.is_contiguous() or not weight.is_contiguous() or not grad_output.is_contiguous()):
         return NotImplemented
     return (
-        input.new_empty(input.shape) if output_mask[0] else None,
-        weight.new_empty(weight.shape) if output_mask[1] else None,
-        weight.new_empty((weight.shape[1] * groups if transposed else weight.shape[0],)) if output_mask[2] else None,
+        _new_empty(input, input.shape) if output_mask[0] else None,
+        _new_empty(weight, weight.shape) if output_mask[1] else None,
+        _new_empty(weight, (weight.shape[1] * groups if transposed else weight.shape[0],)) if output_mask[2] else None,
     )
 
 
@@ -115,7 +146,7 @@ def _fast_threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, thre
     if grad_output.shape != self.shape or grad_output.dtype != self.dtype or not grad_output.is_contiguous() \
             or not self.is_contiguous():
         return NotImplemented
-    return grad_output.new_empty(grad_output.shape)
+    return _new_empty(grad_output, grad_output.shape)
 
 
 def _fast_inplace(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -191,7 +222,6 @@ def _viewer(func: Any) -> Callable[..., Any]:
     of the input and rebuilding of the output (0.3 ms a view; T5's step makes thousands).
     Only plain fake tensors: one holding a constant (FakeTensorMode keeps small literal
     tensors' values) or with symbolic sizes takes FakeTensorMode's path."""
-    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
     def view(x: Any, *args: Any, **kwargs: Any) -> Any:
         if type(x) is not FakeTensor or x.constant is not None or kwargs:
@@ -206,6 +236,118 @@ def _viewer(func: Any) -> Callable[..., Any]:
         return FakeTensor(mode, out, x.fake_device)
 
     return view
+
+
+def _computer(func: Any) -> Callable[..., Any]:
+    """Fake op with a meta kernel that makes fresh outputs (``mm``, ``mul``, ``_softmax``...):
+    the meta kernel on the fake tensors themselves, each output wrapped as FakeTensorMode wraps
+    it, without the cache's hashing of every argument and rebuilding of every output (about
+    0.4 ms an op, most of a transformer step's tracing). Only plain fake tensors of one mode
+    and device, and no tensor lists; anything else takes FakeTensorMode's path."""
+
+    def compute(*args: Any, **kwargs: Any) -> Any:
+        like = None
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                if type(a) is not FakeTensor or a.constant is not None:
+                    return NotImplemented
+                if like is None:
+                    like = a
+                elif a.fake_mode is not like.fake_mode or a.fake_device != like.fake_device:
+                    return NotImplemented
+            elif isinstance(a, (list, tuple)) and any(not isinstance(i, (int, float, bool)) for i in a):
+                return NotImplemented
+            elif isinstance(a, torch.SymInt):
+                return NotImplemented
+        if like is None or kwargs.get("device") is not None:
+            return NotImplemented
+        mode, device = like.fake_mode, like.fake_device
+        with in_kernel_invocation_manager(mode):
+            out = func(*args, **kwargs)
+        if isinstance(out, tuple):
+            return tuple(FakeTensor(mode, o, device) for o in out)
+        return FakeTensor(mode, out, device)
+
+    return compute
+
+
+def _broadcast(shapes: list) -> tuple | None:
+    """The broadcast of ``shapes`` (``torch.broadcast_shapes`` is a Python reference that
+    costs more than the rest of a shortcut), or None when they do not broadcast."""
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return tuple(first)
+    out = [1] * max(len(s) for s in shapes)
+    for s in shapes:
+        for i, n in enumerate(s, len(out) - len(s)):
+            if n != out[i]:
+                if out[i] == 1:
+                    out[i] = n
+                elif n != 1:
+                    return None
+    return tuple(out)
+
+
+def _fast_dropout(input: Any, p: float, train: Any) -> Any:
+    """Fake ``native_dropout`` in training: the output and its boolean mask, like the input."""
+    if type(input) is not FakeTensor or input.constant is not None or not input.is_contiguous() \
+            or not input.dtype.is_floating_point or train is not True:
+        return NotImplemented
+    strides = input.stride()
+    return _empty(input.shape, strides, input.dtype, input), _empty(input.shape, strides, torch.bool, input)
+
+
+def _fast_dropout_backward(grad_output: Any, mask: Any, scale: float) -> Any:
+    """Fake ``native_dropout_backward``: a gradient like ``grad_output``."""
+    if (type(grad_output) is not FakeTensor or grad_output.constant is not None or not grad_output.is_contiguous()
+            or not grad_output.dtype.is_floating_point or type(mask) is not FakeTensor or mask.dtype != torch.bool
+            or mask.shape != grad_output.shape):
+        return NotImplemented
+    return _empty(grad_output.shape, grad_output.stride(), grad_output.dtype, grad_output)
+
+
+def _pointwise(func: Any, boolean: bool = False) -> Callable[..., Any]:
+    """Fake elementwise op (``mul``, ``add``, ``pow``, comparisons) on contiguous tensors of
+    one dtype (floating, but for comparisons) and Python numbers: a contiguous output of the broadcast shape, as
+    TensorIterator makes it. Its meta kernel is a Python reference slower than FakeTensorMode's
+    cache, so the output is stated, not computed. Mixed dtypes, other layouts, broadcasting
+    errors and anything else take FakeTensorMode's path."""
+
+    def pointwise(*args: Any, **kwargs: Any) -> Any:
+        like = None
+        shapes = []
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                if (type(a) is not FakeTensor or a.constant is not None or not a.is_contiguous()
+                        or not (boolean or a.dtype.is_floating_point)):
+                    return NotImplemented
+                if like is None:
+                    like = a
+                elif a.dtype != like.dtype or a.fake_mode is not like.fake_mode or a.fake_device != like.fake_device:
+                    return NotImplemented
+                shapes.append(a.shape)
+            elif type(a) not in (int, float, str):  # str: gelu's ``approximate``
+                return NotImplemented
+        if like is None:
+            return NotImplemented
+        shape = _broadcast(shapes)
+        if shape is None:
+            return NotImplemented  # FakeTensorMode raises torch's own message
+        return _empty(shape, torch._prims_common.make_contiguous_strides_for(shape),
+                      torch.bool if boolean else like.dtype, like)
+
+    return pointwise
+
+
+# Meta kernels faster than FakeTensorMode's cache (C++ ones); each output checked against
+# FakeTensorMode's in tests/test_tracer_fastpaths.py.
+_COMPUTE = ("mm.default", "bmm.default", "_softmax.default", "silu_backward.default", "zeros_like.default",
+            "full_like.default", "empty_like.default", "ones_like.default")
+_POINTWISE = ("add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "mul.Scalar", "div.Scalar", "add.Scalar",
+              "rsub.Scalar", "pow.Tensor_Scalar", "rsqrt.default", "sqrt.default", "exp.default", "log.default",
+              "neg.default", "tanh.default", "tanh_backward.default", "sigmoid.default", "sigmoid_backward.default",
+              "gelu.default", "gelu_backward.default", "silu.default", "minimum.default", "maximum.default")
+_COMPARISONS = ("ne.Scalar", "eq.Scalar", "gt.Scalar", "lt.Scalar", "ge.Scalar", "le.Scalar")
 
 
 _VIEWS = ("view.default", "_unsafe_view.default", "t.default", "transpose.int", "detach.default",
@@ -226,7 +368,12 @@ FAST_FAKE: dict[Any, Callable[..., Any]] = {
     torch.ops.aten.clone.default: _fast_clone,
     torch.ops.aten.native_batch_norm.default: _fast_batch_norm,
     torch.ops.aten.native_batch_norm_backward.default: _fast_batch_norm_backward,
+    torch.ops.aten.native_dropout.default: _fast_dropout,
+    torch.ops.aten.native_dropout_backward.default: _fast_dropout_backward,
 }
 FAST_FAKE.update({op: _fast_foreach_inplace for op in map(aten_op, _FOREACH_INPLACE) if op is not None})
 FAST_FAKE.update({op: _fast_foreach_unary for op in map(aten_op, _FOREACH_UNARY) if op is not None})
 FAST_FAKE.update({op: _viewer(op) for op in map(aten_op, _VIEWS) if op is not None})
+FAST_FAKE.update({op: _computer(op) for op in map(aten_op, _COMPUTE) if op is not None})
+FAST_FAKE.update({op: _pointwise(op) for op in map(aten_op, _POINTWISE) if op is not None})
+FAST_FAKE.update({op: _pointwise(op, boolean=True) for op in map(aten_op, _COMPARISONS) if op is not None})
