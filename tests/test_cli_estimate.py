@@ -91,3 +91,15 @@ def test_snapshot_and_events_outputs(tmp_path, capsys):
     assert s["segments"] and s["device_traces"][0]
     lines = events.read_text().splitlines()
     assert json.loads(lines[0])["kind"]
+
+
+def test_min_memory_flag_adds_the_least_device_memory(capsys):
+    argv = ("estimate", EXAMPLE, "--gpu", "A100-40GB", "--iterations", "2", "--set", "batch_size=8")
+    plain = json.loads(run(capsys, *argv, "--json")[1])
+    code, out, _ = run(capsys, *argv, "--json", "--min-memory")
+    res = json.loads(out)
+    assert code == 0 and plain["min_device_bytes"] is None
+    assert res["context_bytes"] + res["outside_allocator_bytes"] + res["peak_allocated_bytes"] \
+        <= res["min_device_bytes"] <= res["peak_device_bytes"]
+    code, out, _ = run(capsys, *argv, "--min-memory")
+    assert "runs in as little as" in out

@@ -159,3 +159,44 @@ def test_dropout_saves_a_bool_mask_as_on_cuda(mode):
     masks = [ev for ev in e.trace.events if ev.kind == "alloc" and ev.op.startswith("aten.native_dropout.")]
     assert sorted(ev.dtype for ev in masks) == ["bool", "float32"]  # the output and a 1-byte mask
     assert min(ev.bytes for ev in masks) == 1024 * 512
+
+
+# Frees a large block, then asks for slightly larger ones: the natural run keeps the first
+# segment cached beside new ones, a capped run frees it and fits in far less.
+CACHE_HEAVY = """
+import torch
+a = torch.empty(100 * 2**20, dtype=torch.uint8, device="cuda")
+keep = torch.empty(30 * 2**20, dtype=torch.uint8, device="cuda")
+del a
+b = torch.empty(110 * 2**20, dtype=torch.uint8, device="cuda")
+"""
+
+
+def test_minimum_memory_is_the_least_limit_the_simulated_run_completes_in():
+    from xmem_engine.alloc_conf import AllocatorConfig
+    from xmem_engine.allocator import CachingAllocator
+    from xmem_engine.cuda_behaviour import adapt_trace
+    from xmem_engine.estimate import SEGMENT_GRANULE, minimum_memory
+    from xmem_engine.gpus import get_gpu
+    from xmem_engine.simulate import simulate
+
+    e = estimate(CACHE_HEAVY, "A100-40GB", mode="fake")
+    least = minimum_memory(e)
+    extra = e.context_bytes + e.outside_allocator_bytes
+    assert e.peak_reserved_bytes == (100 + 30 + 110) * MiB  # the 100 MiB segment stays cached
+    assert least - extra == (30 + 110) * MiB  # capped, it is freed for the 110 MiB one
+    events, _ = adapt_trace(e.trace, get_gpu(e.gpu), e.torch_version)
+
+    def runs(limit):
+        return not simulate(events, allocator=CachingAllocator(AllocatorConfig(), capacity=limit)).oom
+
+    assert runs(least - extra) and not runs(least - extra - SEGMENT_GRANULE)
+
+
+def test_minimum_memory_of_a_training_step_lies_between_its_allocated_and_natural_peaks(mlp_estimate):
+    from xmem_engine.estimate import minimum_memory
+
+    least = minimum_memory(mlp_estimate)
+    extra = mlp_estimate.context_bytes + mlp_estimate.outside_allocator_bytes
+    assert mlp_estimate.peak_allocated_bytes <= least - extra <= mlp_estimate.peak_reserved_bytes
+    assert mlp_estimate.min_device_bytes is None  # only on request

@@ -50,3 +50,35 @@ def test_compare_lists_the_runs_that_moved_closer_or_further():
     out = compare(now, before).splitlines()
     assert out[0] == "against the earlier file: 2 runs moved, 1 closer, 1 further"
     assert out[1].endswith("+5.0% -> +2.0%") and out[2].endswith("+4.0% -> +10.0%")
+
+
+def capped(xmem_mib, ground_mib, paper_mib, failed, least_mib=None):
+    r = result(xmem_mib, ground_mib)
+    r.paper_bytes, r.paper_cap_failed = paper_mib * MiB, failed
+    r.total_bytes, r.context_bytes, r.allocator_limit_bytes = 10_000 * MiB, 300 * MiB, 9_600 * MiB
+    r.xmem_min_alloc_bytes = None if least_mib is None else least_mib * MiB
+    return r
+
+
+def test_paper_cap_is_the_rounded_memory_fraction():
+    from benchmarks.paper_runs import paper_cap
+
+    assert paper_cap(4_049 * MiB, 10_000 * MiB) == 0.40 * 10_000 * MiB
+    assert paper_cap(4_051 * MiB, 10_000 * MiB) == 0.41 * 10_000 * MiB
+
+
+def test_cap_checks_decide_xmems_caps_from_the_papers_capped_runs():
+    from benchmarks.paper_runs import cap_checks
+
+    runs = [capped(4_000, 4_100, 4_200, False, least_mib=3_900),  # ours 43% >= theirs 42%, which ran: fine
+            capped(3_000, 3_500, 3_600, True, least_mib=3_700),   # ours 33% <= theirs 36%, which failed: fails
+            capped(3_000, 3_500, 4_000, False, least_mib=4_100),  # ours 33% below a 40% that ran: undecided
+            capped(6_000, 5_000, 5_000, True, least_mib=5_200)]   # ours 63% above a 50% that failed: undecided
+    first, second = cap_checks(runs)
+    assert "paper tool failed 2 (50.0%)" in first
+    assert "xmem fails 1 for certain, is fine on 1 for certain, 2 undecided" in first
+    assert "(1 of them capped above the run's measured peak)" in first
+    # least memory within the paper's cap <=> predicted to run: 3900<=4200 ran, 3700>3600 failed,
+    # 4100>4000 but ran, 5200>5000 failed
+    assert "agrees on 3/4" in second and "predicted to fail but ran 1" in second
+    assert cap_checks([result(1, 1)]) == ["no runs with the paper's capped re-run to check caps against"]

@@ -272,6 +272,9 @@ def _add_estimate(sub) -> None:
                    help="write the simulated run as a torch.cuda.memory._snapshot() pickle for _memory_viz")
     p.add_argument("--max-batch", metavar="VAR",
                    help="print the largest value of the script's top-level VAR that fits on the GPU")
+    p.add_argument("--min-memory", action="store_true",
+                   help="also find the least device memory the step runs in (min_device_bytes): the "
+                   "allocator frees its cache when memory is short, so this is below the natural peak")
     p.set_defaults(func=_cmd_estimate)
 
 
@@ -326,6 +329,10 @@ def _cmd_estimate(args) -> int:
         print(f"xmem estimate: {args.script} raised {type(e).__name__} (mode {args.mode})", file=sys.stderr)
         return EXIT_USER_CODE
 
+    if args.min_memory and est is not None and est.trace is not None:
+        from xmem_engine.estimate import minimum_memory
+
+        est.min_device_bytes = minimum_memory(est)
     if args.events and est.trace is not None:
         est.trace.write_jsonl(args.events)
     if args.snapshot:

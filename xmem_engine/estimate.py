@@ -75,6 +75,7 @@ class Estimate:
     simulate_seconds: float
     notes: list[str] = field(default_factory=list)
     allocator_limit_bytes: int = 0  # what cudaMalloc could get: capacity - context - libraries
+    min_device_bytes: int | None = None  # least device memory it runs in (minimum_memory); None: not asked
     trace: Trace | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
@@ -103,6 +104,7 @@ class Estimate:
             "breakdown_by_module": self.breakdown_by_module,
             "top_tensors": self.top_tensors,
             "notes": self.notes,
+            "min_device_bytes": self.min_device_bytes,
         }
 
     def to_report(self, max_points: int = 2000) -> dict:
@@ -137,6 +139,9 @@ class Estimate:
             f"allocator reserved {self.peak_reserved_bytes / gib:.2f} GiB "
             f"(allocated {self.peak_allocated_bytes / gib:.2f} GiB at the peak)",
         ]
+        if self.min_device_bytes is not None:
+            lines.append(f"  runs in as little as {self.min_device_bytes / gib:.2f} GiB: under a tighter cap "
+                         "the allocator frees its cache and retries, with no margin for variation")
         if self.breakdown:
             parts = ", ".join(f"{k} {v / gib:.2f}" for k, v in self.breakdown.items())
             lines.append(f"  at the peak (GiB): {parts}")
@@ -374,6 +379,47 @@ def max_batch(
         else:
             hi = mid
     return lo, cache[lo]
+
+
+SEGMENT_GRANULE = 2 << 20  # cudaMalloc sizes the allocator asks for are multiples of 2 MiB
+
+
+def minimum_memory(est: Estimate, alloc_conf: str | AllocatorConfig | None = None) -> int:
+    """The least device memory the step runs in: context, libraries, and the smallest
+    allocator limit under which the simulated run completes.
+
+    The natural peak (``peak_device_bytes``) is what nvidia-smi shows when memory is plenty:
+    it includes cached blocks the step never needed at once. On a device (or under
+    ``set_per_process_memory_fraction``) with less, the caching allocator frees its cached
+    segments and retries when cudaMalloc fails, so the step can still run. This bisects the
+    limit, in 2 MiB steps, between the allocated peak and the reserved peak: about
+    log2((reserved - allocated) / 2 MiB) re-simulations. What a scheduler can pack to; it
+    leaves nothing for run-to-run variation.
+    """
+    from xmem_engine.cuda_behaviour import adapt_trace
+
+    if est.trace is None:
+        raise ValueError("this estimate carries no trace to re-simulate")
+    target = resolve_gpu(est.gpu)
+    cfg = _config(alloc_conf if alloc_conf is not None else est.alloc_conf)
+    events, _ = adapt_trace(est.trace, target, est.torch_version)
+
+    def runs(limit: int) -> bool:
+        return not simulate(events, allocator=CachingAllocator(
+            cfg, capacity=limit, device_total=est.capacity_bytes)).oom
+
+    granule = SEGMENT_GRANULE
+    lo = est.peak_allocated_bytes // granule  # in granules: at most lo does not run...
+    hi = -(-est.peak_reserved_bytes // granule)  # ...and hi does (the unlimited run's peak)
+    if lo >= hi or runs(lo * granule):
+        hi = lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if runs(mid * granule):
+            hi = mid
+        else:
+            lo = mid
+    return est.context_bytes + est.outside_allocator_bytes + hi * granule
 
 
 def simulated_snapshot(est: Estimate, alloc_conf: str | AllocatorConfig | None = None) -> dict:
