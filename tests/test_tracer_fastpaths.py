@@ -274,3 +274,11 @@ def test_broadcast_matches_torch(shapes):
     except RuntimeError:
         expected = None
     assert _broadcast([torch.Size(s) for s in shapes]) == expected
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (2, 3, 4), (0, 5), (4, 0, 2), (1, 1)])
+def test_contiguous_strides_match_torch(shape):
+    from xmem_engine.fake_fastpaths import _contiguous
+
+    assert _contiguous(shape) == tuple(torch._prims_common.make_contiguous_strides_for(shape))
+    assert _contiguous(shape) == torch.empty(shape).stride()

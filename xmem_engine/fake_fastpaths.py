@@ -37,14 +37,24 @@ def _empty(size: Any, stride: Any, dtype: torch.dtype, like: Any = None) -> Any:
         mode, device = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE), _CPU
         if mode is None:
             return torch.empty_strided(size, stride, dtype=dtype, device="cpu")
-    with in_kernel_invocation_manager(mode):
+    with torch._C._DisableTorchDispatch():  # a plain meta tensor, past the modes
         meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
     return FakeTensor(mode, meta, device)
 
 
+def _contiguous(shape: Any) -> tuple:
+    """Contiguous strides for ``shape`` (``make_contiguous_strides_for`` without its
+    symbolic-size checks, which cost 0.1 ms a call)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
 def _new_empty(x: torch.Tensor, size: Any) -> Any:
     """``x.new_empty(size)``: contiguous, ``x``'s dtype."""
-    return _empty(size, torch._prims_common.make_contiguous_strides_for(size), x.dtype, x)
+    return _empty(size, _contiguous(size), x.dtype, x)
 
 
 def _empty_like(x: torch.Tensor) -> Any:
@@ -333,7 +343,7 @@ def _pointwise(func: Any, boolean: bool = False) -> Callable[..., Any]:
         shape = _broadcast(shapes)
         if shape is None:
             return NotImplemented  # FakeTensorMode raises torch's own message
-        return _empty(shape, torch._prims_common.make_contiguous_strides_for(shape),
+        return _empty(shape, _contiguous(shape),
                       torch.bool if boolean else like.dtype, like)
 
     return pointwise

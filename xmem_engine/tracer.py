@@ -234,6 +234,17 @@ def _is_user_file(filename: str) -> bool:
     return r
 
 
+_OP_NAMES: dict[Any, str] = {}
+
+
+def _op_name(func: Any) -> str:
+    """``str(func)`` ("aten.mm.default"), remembered: OpOverload builds it on every call."""
+    name = _OP_NAMES.get(func)
+    if name is None:
+        name = _OP_NAMES[func] = str(func)
+    return name
+
+
 def _user_frame(depth: int = 2) -> str:
     """``file:line`` of the innermost frame of user code (not torch, not xmem, not stdlib)."""
     f: types.FrameType | None = sys._getframe(depth)
@@ -431,7 +442,7 @@ class Tracer:
                     bytes=nbytes,
                     stream=self.vc.current_stream.stream_id,
                     category=category,
-                    op=str(func),
+                    op=_op_name(func),
                     module=self.current_module(),
                     phase=self.phase,
                     dtype=str(t.dtype).removeprefix("torch."),
