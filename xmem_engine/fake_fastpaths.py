@@ -252,7 +252,7 @@ def _viewer(func: Any) -> Callable[..., Any]:
 
 
 def _computer(func: Any) -> Callable[..., Any]:
-    """Fake op with a meta kernel that makes fresh outputs (``mm``, ``mul``, ``_softmax``...):
+    """Fake op with a C++ meta kernel that makes fresh outputs (``mm``, ``bmm``, ``_softmax``):
     the meta kernel on the fake tensors themselves, each output wrapped as FakeTensorMode wraps
     it, without the cache's hashing of every argument and rebuilding of every output (about
     0.4 ms an op, most of a transformer step's tracing). Only plain fake tensors of one mode
@@ -321,10 +321,11 @@ def _fast_dropout_backward(grad_output: Any, mask: Any, scale: float) -> Any:
 
 def _pointwise(func: Any, boolean: bool = False) -> Callable[..., Any]:
     """Fake elementwise op (``mul``, ``add``, ``pow``, comparisons) on contiguous tensors of
-    one dtype (floating, but for comparisons) and Python numbers: a contiguous output of the broadcast shape, as
-    TensorIterator makes it. Its meta kernel is a Python reference slower than FakeTensorMode's
-    cache, so the output is stated, not computed. Mixed dtypes, other layouts, broadcasting
-    errors and anything else take FakeTensorMode's path."""
+    one dtype (floating, except for comparisons) and Python numbers: a contiguous output of
+    the broadcast shape, as TensorIterator makes it for contiguous operands. Its meta kernel
+    is a Python reference slower than FakeTensorMode's cache, so the output is stated, not
+    computed. Mixed dtypes, other layouts, broadcasting errors and anything else take
+    FakeTensorMode's path."""
 
     def pointwise(*args: Any, **kwargs: Any) -> Any:
         like = None
@@ -346,8 +347,7 @@ def _pointwise(func: Any, boolean: bool = False) -> Callable[..., Any]:
         shape = _broadcast(shapes)
         if shape is None:
             return NotImplemented  # FakeTensorMode raises torch's own message
-        return _empty(shape, _contiguous(shape),
-                      torch.bool if boolean else like.dtype, like)
+        return _empty(shape, _contiguous(shape), torch.bool if boolean else like.dtype, like)
 
     return pointwise
 
