@@ -145,3 +145,16 @@ def test_bokehjs_loader_is_inline_and_shared():
     assert list(data) == ["application/javascript"]  # once, not twice (see bokeh_loader)
     js = data["application/javascript"]
     assert "cdn.bokeh.org" not in js[:5000] and len(js) > 1_000_000  # BokehJS itself, inline
+
+
+def test_least_memory_readout_on_request(session):
+    w = XmemWidget(session.estimate(32, "A100-SXM4-40GB"), session=session)
+    assert w.least.value == ""  # not computed until asked: it costs a dozen re-simulations
+    w._on_least()
+    _wait(w)
+    least = w._least[(w.batch, w.est.gpu, w.conf)]
+    e = w.est
+    assert e.context_bytes + e.outside_allocator_bytes + e.peak_allocated_bytes <= least <= e.peak_device_bytes
+    assert "runs in as little as" in w.least.value and "A100-SXM4-40GB" in w.least.value
+    w.gpu_dropdown.value = "T4"  # another GPU: its own figure, shown once asked for
+    assert w.least.value == ""

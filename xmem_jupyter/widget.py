@@ -30,7 +30,7 @@ from typing import Callable
 import ipywidgets as widgets
 from jupyter_bokeh import BokehModel
 
-from xmem_engine.estimate import Estimate
+from xmem_engine.estimate import Estimate, minimum_memory
 from xmem_engine.gpus import load_catalog
 
 from xmem_jupyter.bokeh_loader import bokeh_loader
@@ -101,11 +101,18 @@ class XmemWidget(widgets.VBox):
         self.largest = widgets.HTML()
         self.find_button = widgets.Button(description="largest batch that fits", icon="search",
                                           layout=widgets.Layout(width="15em"))
+        self.least = widgets.HTML()
+        self.least_button = widgets.Button(
+            description="least memory", icon="compress", layout=widgets.Layout(width="11em"),
+            tooltip="the least device memory this step runs in: with less, or under a cap, the allocator "
+                    "frees its cache and retries, so this is below the peak")
+        self._least: dict[tuple, int] = {}
         self.progress = Progress()
         self.breakdown = widgets.HTML(breakdown_html(est))
         self.notes = widgets.HTML()
 
-        controls = [self.gpu_dropdown, self.expandable]
+        controls = [self.gpu_dropdown, self.expandable, self.least_button]
+        self.least_button.on_click(self._on_least)
         self.batch_slider: widgets.SelectionSlider | None = None
         if session is not None and session.batch_var and session.batch_values:
             self.batch_slider = widgets.SelectionSlider(
@@ -126,7 +133,7 @@ class XmemWidget(widgets.VBox):
         self._refresh_text()
         super().__init__([bokeh_loader(), self.headline, self.compare,
                           widgets.HBox(controls, layout=widgets.Layout(flex_flow="row wrap")),
-                          widgets.HBox([self.conf_note, self.largest]), self.progress, self.bokeh,
+                          widgets.HBox([self.conf_note, self.largest, self.least]), self.progress, self.bokeh,
                           self.breakdown, self.notes], **kwargs)
         self.add_class("xmem-widget")
 
@@ -214,6 +221,10 @@ class XmemWidget(widgets.VBox):
                                   f"<b class='xmem-largest'>{self.session.largest[key]}</b>")
         elif self.session is not None and self.session.batch_var:
             self.largest.value = ""
+        least = self._least.get((self.batch, est.gpu, self.conf))
+        self.least.value = "" if least is None else (
+            f"&nbsp; runs in as little as <b class='xmem-least'>{human(least)}</b> on {escape(est.gpu)} "
+            f"(peak {human(est.peak_device_bytes)}; no margin for variation)")
         notes = list(est.notes) + list(self.flame.notes)
         self.notes.value = "".join(f"<div style='color:#666;font-size:12px'>{escape(n)}</div>" for n in notes)
 
@@ -281,6 +292,19 @@ class XmemWidget(widgets.VBox):
             return self._estimate(value, self.est.gpu, self.conf)
 
         self._background(f"tracing {self.session.batch_var}={value}:", work, probe)
+
+    def _on_least(self, _button=None) -> None:
+        """The least device memory the shown estimate runs in (``minimum_memory``): a dozen
+        re-simulations, so on request, not on every switch."""
+        est, key = self.est, (self.batch, self.est.gpu, self.conf)
+
+        def work() -> None:
+            if key not in self._least:
+                self._least[key] = minimum_memory(est)
+            self._refresh_text()
+            return None
+
+        self._background(f"finding the least memory on {est.gpu}:", work)
 
     def _on_find(self, _button=None) -> None:
         assert self.session is not None
