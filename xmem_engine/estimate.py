@@ -381,6 +381,17 @@ def max_batch(
     return lo, cache[lo]
 
 
+def _replay_inputs(est: Estimate, alloc_conf: str | AllocatorConfig | None) -> tuple[list, AllocatorConfig]:
+    """What re-simulating ``est`` needs: its trace as run on its GPU, and the allocator
+    settings (``alloc_conf``, else the estimate's own)."""
+    from xmem_engine.cuda_behaviour import adapt_trace
+
+    if est.trace is None:
+        raise ValueError("this estimate carries no trace to re-simulate")
+    events, _ = adapt_trace(est.trace, resolve_gpu(est.gpu), est.torch_version)
+    return events, _config(alloc_conf if alloc_conf is not None else est.alloc_conf)
+
+
 SEGMENT_GRANULE = 2 << 20  # cudaMalloc sizes the allocator asks for are multiples of 2 MiB
 
 
@@ -396,13 +407,7 @@ def minimum_memory(est: Estimate, alloc_conf: str | AllocatorConfig | None = Non
     log2((reserved - allocated) / 2 MiB) re-simulations. What a scheduler can pack to; it
     leaves nothing for run-to-run variation.
     """
-    from xmem_engine.cuda_behaviour import adapt_trace
-
-    if est.trace is None:
-        raise ValueError("this estimate carries no trace to re-simulate")
-    target = resolve_gpu(est.gpu)
-    cfg = _config(alloc_conf if alloc_conf is not None else est.alloc_conf)
-    events, _ = adapt_trace(est.trace, target, est.torch_version)
+    events, cfg = _replay_inputs(est, alloc_conf)
 
     def runs(limit: int) -> bool:
         return not simulate(events, allocator=CachingAllocator(
@@ -425,14 +430,9 @@ def minimum_memory(est: Estimate, alloc_conf: str | AllocatorConfig | None = Non
 def simulated_snapshot(est: Estimate, alloc_conf: str | AllocatorConfig | None = None) -> dict:
     """The estimate's simulated run as a ``torch.cuda.memory._snapshot()`` dict (for
     ``python -m torch.cuda._memory_viz`` or pytorch.org/memory_viz)."""
-    from xmem_engine.cuda_behaviour import adapt_trace
     from xmem_engine.snapshot import make_snapshot
 
-    if est.trace is None:
-        raise ValueError("this estimate carries no trace to re-simulate")
-    target = resolve_gpu(est.gpu)
-    cfg = _config(alloc_conf if alloc_conf is not None else est.alloc_conf)
-    events, _ = adapt_trace(est.trace, target, est.torch_version)
+    events, cfg = _replay_inputs(est, alloc_conf)
     history: list[dict] = []
     alloc = CachingAllocator(cfg, capacity=est.allocator_limit_bytes, device_total=est.capacity_bytes,
                              history=history)

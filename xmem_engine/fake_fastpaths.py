@@ -62,9 +62,14 @@ def _new_empty(x: torch.Tensor, size: Any) -> Any:
 
 def _empty_like(x: torch.Tensor) -> Any:
     """``torch.empty_like(x)`` (``preserve_format``): ``x``'s strides when dense."""
-    if x.layout != torch.strided or not torch._prims_common.is_non_overlapping_and_dense_or_false(x):
-        return torch.empty_like(x)
-    return _empty(x.size(), x.stride(), x.dtype, x)
+    out = _dense_like(x, None)
+    return torch.empty_like(x) if out is NotImplemented else out
+
+
+def _plain(x: Any) -> bool:
+    """A fake tensor the shortcuts may read: no kept constant (FakeTensorMode keeps small
+    literal tensors' values and computes with them), not a subclass."""
+    return type(x) is FakeTensor and x.constant is None
 
 
 def _fast_batch_norm(input: torch.Tensor, weight: Any, bias: Any, running_mean: Any, running_var: Any,
@@ -237,7 +242,7 @@ def _viewer(func: Any) -> Callable[..., Any]:
     tensors' values) or with symbolic sizes takes FakeTensorMode's path."""
 
     def view(x: Any, *args: Any, **kwargs: Any) -> Any:
-        if type(x) is not FakeTensor or x.constant is not None or kwargs:
+        if not _plain(x) or kwargs:
             return NotImplemented
         for a in args:
             if a is not None and type(a) is not int and not (isinstance(a, (list, tuple))
@@ -262,7 +267,7 @@ def _computer(func: Any) -> Callable[..., Any]:
         like = None
         for a in (*args, *kwargs.values()):
             if isinstance(a, torch.Tensor):
-                if type(a) is not FakeTensor or a.constant is not None:
+                if not _plain(a):
                     return NotImplemented
                 if like is None:
                     like = a
@@ -303,8 +308,7 @@ def _broadcast(shapes: list) -> tuple | None:
 
 def _fast_dropout(input: Any, p: float, train: Any) -> Any:
     """Fake ``native_dropout`` in training: the output and its boolean mask, like the input."""
-    if type(input) is not FakeTensor or input.constant is not None or not input.is_contiguous() \
-            or not input.dtype.is_floating_point or train is not True:
+    if not _plain(input) or not input.is_contiguous() or not input.dtype.is_floating_point or train is not True:
         return NotImplemented
     strides = input.stride()
     return _empty(input.shape, strides, input.dtype, input), _empty(input.shape, strides, torch.bool, input)
@@ -312,9 +316,8 @@ def _fast_dropout(input: Any, p: float, train: Any) -> Any:
 
 def _fast_dropout_backward(grad_output: Any, mask: Any, scale: float) -> Any:
     """Fake ``native_dropout_backward``: a gradient like ``grad_output``."""
-    if (type(grad_output) is not FakeTensor or grad_output.constant is not None or not grad_output.is_contiguous()
-            or not grad_output.dtype.is_floating_point or type(mask) is not FakeTensor or mask.dtype != torch.bool
-            or mask.shape != grad_output.shape):
+    if (not _plain(grad_output) or not grad_output.is_contiguous() or not grad_output.dtype.is_floating_point
+            or type(mask) is not FakeTensor or mask.dtype != torch.bool or mask.shape != grad_output.shape):
         return NotImplemented
     return _empty(grad_output.shape, grad_output.stride(), grad_output.dtype, grad_output)
 
@@ -332,8 +335,7 @@ def _pointwise(func: Any, boolean: bool = False) -> Callable[..., Any]:
         shapes = []
         for a in (*args, *kwargs.values()):
             if isinstance(a, torch.Tensor):
-                if (type(a) is not FakeTensor or a.constant is not None or not a.is_contiguous()
-                        or not (boolean or a.dtype.is_floating_point)):
+                if not _plain(a) or not a.is_contiguous() or not (boolean or a.dtype.is_floating_point):
                     return NotImplemented
                 if like is None:
                     like = a
