@@ -14,7 +14,7 @@ import argparse
 import random
 import time
 
-from xmem_engine.allocator import CachingAllocator
+from xmem_engine.simulation.allocator import CachingAllocator
 
 MiB = 1 << 20
 

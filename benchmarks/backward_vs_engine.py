@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.model_zoo import TINY_LM  # noqa: E402
-from xmem_engine.tracer import trace  # noqa: E402
+from xmem_engine.tracing import trace  # noqa: E402
 
 
 def build(name: str) -> tuple[str, str]:

@@ -59,7 +59,7 @@ def first_divergence(predicted: list[tuple[int, str, str]], recorded: list[tuple
 
 
 def compare_record(rec: dict, base_dir: Path, gpu_name: str | None = None) -> Comparison:
-    from xmem_engine.cuda_behaviour import adapt_trace
+    from xmem_engine.gpus.cuda_libraries import adapt_trace
     from xmem_engine.estimate import estimate_script, resolve_gpu
 
     env = rec.get("env") or {}

@@ -114,7 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=1)
     args = ap.parse_args()
-    from xmem_engine.tracer import trace
+    from xmem_engine.tracing import trace
 
     t0 = time.perf_counter()
     tr = trace(lambda: train_step(args.iters), mode="fake")

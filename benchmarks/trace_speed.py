@@ -63,7 +63,7 @@ WORKLOADS = {"resnet50": resnet50_step, "gpt2": gpt2_step}
 
 
 def time_fake(name: str) -> tuple[float, int]:
-    from xmem_engine.tracer import trace
+    from xmem_engine.tracing import trace
 
     t0 = time.perf_counter()
     tr = trace(WORKLOADS[name]("cuda"), mode="fake")
@@ -84,7 +84,7 @@ def time_profiler(name: str) -> tuple[float, int]:
 
 def warm_up() -> float:
     """Import torch's fake-tensor machinery once (a one-time cost of the process)."""
-    from xmem_engine.tracer import trace
+    from xmem_engine.tracing import trace
 
     t0 = time.perf_counter()
     trace(lambda: torch.ones(4, device="cuda").sum(), mode="fake")

@@ -1,6 +1,6 @@
 import pytest
 
-from xmem_engine.alloc_conf import AllocatorConfig, AllocConfError, parse_alloc_conf
+from xmem_engine.simulation.alloc_conf import AllocatorConfig, AllocConfError, parse_alloc_conf
 
 MB = 1 << 20
 

@@ -7,8 +7,8 @@ kRoundLarge 2 MiB.
 
 import pytest
 
-from xmem_engine.alloc_conf import parse_alloc_conf
-from xmem_engine.allocator import CachingAllocator, OutOfMemoryError
+from xmem_engine.simulation.alloc_conf import parse_alloc_conf
+from xmem_engine.simulation.allocator import CachingAllocator, OutOfMemoryError
 
 MiB = 1 << 20
 

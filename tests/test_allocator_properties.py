@@ -8,8 +8,8 @@ block is > 1 MiB, and the byte statistics equal a recount from the blocks.
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xmem_engine.alloc_conf import parse_alloc_conf
-from xmem_engine.allocator import CachingAllocator, OutOfMemoryError
+from xmem_engine.simulation.alloc_conf import parse_alloc_conf
+from xmem_engine.simulation.allocator import CachingAllocator, OutOfMemoryError
 
 MiB = 1 << 20
 

@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-from xmem_engine import autocast_policy as ap
-from xmem_engine.tracer import UnsupportedOpError, trace
+from xmem_engine.tracing import autocast_policy as ap
+from xmem_engine.tracing import UnsupportedOpError, trace
 
 MODES = ["fake", "real"]
 

@@ -85,7 +85,7 @@ def test_snapshot_and_events_outputs(tmp_path, capsys):
     code, _, _ = run(capsys, "estimate", EXAMPLE, "--iterations", "1", "--set", "batch_size=4",
                      "--snapshot", str(snap), "--events", str(events))
     assert code == 0
-    from xmem_engine.snapshot import load_snapshot
+    from xmem_engine.simulation.snapshot import load_snapshot
 
     s = load_snapshot(snap)
     assert s["segments"] and s["device_traces"][0]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from xmem_engine import cuda_behaviour as cb
-from xmem_engine.cuda_behaviour import LT_WORKSPACE_OP, WORKSPACE_OP, adapt_trace
+from xmem_engine.gpus import cuda_libraries as cb
+from xmem_engine.gpus.cuda_libraries import LT_WORKSPACE_OP, WORKSPACE_OP, adapt_trace
 from xmem_engine.estimate import estimate_trace
 from xmem_engine.gpus import get_gpu
 from xmem_engine.trace import ALLOC, FREE, Trace, TraceEvent
@@ -91,7 +91,7 @@ def test_a_step_with_convolutions_says_cudnn_workspaces_are_not_in_it():
 
 
 def test_the_tracer_records_convolutions_once_for_every_gpu_switch():
-    from xmem_engine.tracer import trace
+    from xmem_engine.tracing import trace
 
     step = """
 import torch

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from xmem_engine.cuda_behaviour import WORKSPACE_OP
+from xmem_engine.gpus.cuda_libraries import WORKSPACE_OP
 from xmem_engine.estimate import Estimate, estimate, estimate_trace, max_batch
 from xmem_engine.gpus import UnknownGPUError
 
@@ -66,7 +66,7 @@ def test_a_step_that_puts_nothing_on_the_gpu_loads_no_kernels():
 def test_two_cublas_workspaces_sized_by_architecture(mlp_estimate):
     ws = [ev for ev in estimate_trace(mlp_estimate.trace, "A100-40GB").trace.events if ev.op == WORKSPACE_OP]
     assert ws == []  # the trace itself stays GPU-independent
-    from xmem_engine.cuda_behaviour import adapt_trace
+    from xmem_engine.gpus.cuda_libraries import adapt_trace
     from xmem_engine.gpus import get_gpu
 
     for gpu, size in (("A100-40GB", 8_519_680), ("H100", 32 * MiB)):
@@ -173,12 +173,12 @@ b = torch.empty(110 * 2**20, dtype=torch.uint8, device="cuda")
 
 
 def test_minimum_memory_is_the_least_limit_the_simulated_run_completes_in():
-    from xmem_engine.alloc_conf import AllocatorConfig
-    from xmem_engine.allocator import CachingAllocator
-    from xmem_engine.cuda_behaviour import adapt_trace
+    from xmem_engine.simulation.alloc_conf import AllocatorConfig
+    from xmem_engine.simulation.allocator import CachingAllocator
+    from xmem_engine.gpus.cuda_libraries import adapt_trace
     from xmem_engine.estimate import SEGMENT_GRANULE, minimum_memory
     from xmem_engine.gpus import get_gpu
-    from xmem_engine.simulate import simulate
+    from xmem_engine.simulation.simulate import simulate
 
     e = estimate(CACHE_HEAVY, "A100-40GB", mode="fake")
     least = minimum_memory(e)

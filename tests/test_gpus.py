@@ -15,7 +15,7 @@ from xmem_engine.gpus import (
     get_gpu,
     load_catalog,
 )
-from xmem_engine.virtual_cuda import DeviceProperties
+from xmem_engine.tracing.virtual_cuda import DeviceProperties
 
 MiB = 1024 * 1024
 

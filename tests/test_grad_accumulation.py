@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from xmem_engine.tracer import trace
+from xmem_engine.tracing import trace
 
 sys.path.insert(0, str(Path(__file__).parent))
 from model_zoo import TINY_LM  # noqa: E402

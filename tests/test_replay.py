@@ -5,10 +5,10 @@ import pickle
 import pytest
 
 from conftest import needs_shared_traces, recorded_traces
-from xmem_engine.alloc_conf import parse_alloc_conf
-from xmem_engine.allocator import CachingAllocator
-from xmem_engine.replay import is_warm, rebuild_start_state, replay_snapshot
-from xmem_engine.snapshot import load_snapshot, loads_snapshot, make_snapshot
+from xmem_engine.simulation.alloc_conf import parse_alloc_conf
+from xmem_engine.simulation.allocator import CachingAllocator
+from xmem_engine.simulation.replay import is_warm, rebuild_start_state, replay_snapshot
+from xmem_engine.simulation.snapshot import load_snapshot, loads_snapshot, make_snapshot
 
 MiB = 1 << 20
 

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from xmem_engine import sdpa
+from xmem_engine.tracing import sdpa
 from xmem_engine.estimate import estimate
 from xmem_engine.trace import Trace, TraceEvent
-from xmem_engine.tracer import trace
+from xmem_engine.tracing import trace
 
 MODES = ["fake", "real"]
 FLASH, EFF, MATH, CUDNN = sdpa.FLASH, sdpa.EFFICIENT, sdpa.MATH, sdpa.CUDNN

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from xmem_engine.trace import Trace
-from xmem_engine.tracer import UnsupportedOpError, trace
+from xmem_engine.tracing import UnsupportedOpError, trace
 
 
 def alloc_stream(tr: Trace) -> list[tuple[str, int]]:
@@ -111,7 +111,7 @@ for _ in range(50):
     m = torch.arange(1000).cuda()
     ok = bool((m >= 0).all())
 """
-    from xmem_engine import tracer as tracer_mod
+    from xmem_engine.tracing import tracer as tracer_mod
 
     seen = []
     orig = tracer_mod.Tracer.finish

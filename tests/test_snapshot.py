@@ -4,9 +4,9 @@ import pickle
 import pytest
 import torch.cuda._memory_viz as memory_viz
 
-from xmem_engine.alloc_conf import parse_alloc_conf
-from xmem_engine.allocator import CachingAllocator
-from xmem_engine.snapshot import (
+from xmem_engine.simulation.alloc_conf import parse_alloc_conf
+from xmem_engine.simulation.allocator import CachingAllocator
+from xmem_engine.simulation.snapshot import (
     SnapshotFormatError,
     UnsafeSnapshotError,
     dump_snapshot,

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from xmem_engine.allocator import CachingAllocator
+from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.trace import Trace, TraceEvent
-from xmem_engine.tracer import Tracer, UnsupportedOpError, trace, user_traceback_lines
+from xmem_engine.tracing import Tracer, UnsupportedOpError, trace, user_traceback_lines
 
 sys.path.insert(0, str(Path(__file__).parent))
 from model_zoo import MLP, train_fn  # noqa: E402
@@ -547,6 +547,6 @@ torch.cuda.memory._record_memory_history(enabled=None)
     ns: dict = {}
     trace(src, ns, mode="fake")
     assert ns["n_segments"] == 1 and ns["total"] >= 4 << 20
-    from xmem_engine.snapshot import load_snapshot
+    from xmem_engine.simulation.snapshot import load_snapshot
 
     assert load_snapshot(out)["segments"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from xmem_engine.cli import main
-from xmem_engine.script import OverrideError, parse_overrides, trace_script
+from xmem_engine.tracing import OverrideError, parse_overrides, trace_script
 
 SCRIPT = '''\
 import torch

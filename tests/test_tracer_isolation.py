@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from xmem_engine.tracer import trace
+from xmem_engine.tracing import trace
 
 MODES = ["fake", "real"]
 

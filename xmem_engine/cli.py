@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _alloc_conf(text: str | None):
-    from xmem_engine.alloc_conf import AllocConfError, parse_alloc_conf
+    from xmem_engine.simulation.alloc_conf import AllocConfError, parse_alloc_conf
 
     if text is None:
         return None
@@ -70,8 +70,8 @@ def _add_replay(sub) -> None:
 
 
 def _cmd_replay(args) -> int:
-    from xmem_engine.replay import replay_snapshot
-    from xmem_engine.snapshot import SnapshotFormatError, UnsafeSnapshotError, load_snapshot
+    from xmem_engine.simulation.replay import replay_snapshot
+    from xmem_engine.simulation.snapshot import SnapshotFormatError, UnsafeSnapshotError, load_snapshot
 
     try:
         snap = load_snapshot(args.snapshot)
@@ -90,8 +90,8 @@ def _cmd_replay(args) -> int:
             "reserved_saved_bytes": recorded.peak_reserved_bytes - other.peak_reserved_bytes,
         }
     if args.snapshot_out:
-        from xmem_engine.replay import simulated_snapshot
-        from xmem_engine.snapshot import dump_snapshot
+        from xmem_engine.simulation.replay import simulated_snapshot
+        from xmem_engine.simulation.snapshot import dump_snapshot
 
         dump_snapshot(simulated_snapshot(snap, cfg), args.snapshot_out)
     _print_json(out)
@@ -137,7 +137,7 @@ def _bytes_arg(text: str) -> int:
 
 def _torch_version_arg(text: str) -> str:
     """``--torch``: a version xmem can read (checked before any code runs)."""
-    from xmem_engine.cuda_behaviour import parse_version
+    from xmem_engine.gpus.cuda_libraries import parse_version
 
     try:
         parse_version(text)
@@ -147,10 +147,10 @@ def _torch_version_arg(text: str) -> str:
 
 
 def _cmd_simulate(args) -> int:
-    from xmem_engine.simulate import simulate
-    from xmem_engine.snapshot import dump_snapshot, make_snapshot
+    from xmem_engine.simulation.simulate import simulate
+    from xmem_engine.simulation.snapshot import dump_snapshot, make_snapshot
     from xmem_engine.trace import Trace
-    from xmem_engine.allocator import CachingAllocator
+    from xmem_engine.simulation.allocator import CachingAllocator
 
     try:
         trace = Trace.read_jsonl(args.events)
@@ -210,8 +210,8 @@ def _add_trace(sub) -> None:
 def _cmd_trace(args) -> int:
     import os
 
-    from xmem_engine.script import OverrideError, parse_overrides, trace_script
-    from xmem_engine.tracer import UnsupportedOpError, user_traceback_lines
+    from xmem_engine.tracing import OverrideError, parse_overrides, trace_script
+    from xmem_engine.tracing import UnsupportedOpError, user_traceback_lines
 
     if not os.path.isfile(args.script):
         raise InputError(f"no such script: {args.script}")
@@ -281,11 +281,11 @@ def _add_estimate(sub) -> None:
 def _cmd_estimate(args) -> int:
     import os
 
-    from xmem_engine.alloc_conf import AllocConfError
+    from xmem_engine.simulation.alloc_conf import AllocConfError
     from xmem_engine.estimate import DEFAULT_GPU, estimate_script, max_batch, resolve_gpu
     from xmem_engine.gpus import GPUCatalogError, UnknownGPUError
-    from xmem_engine.script import OverrideError, parse_overrides
-    from xmem_engine.tracer import UnsupportedOpError, user_traceback_lines
+    from xmem_engine.tracing import OverrideError, parse_overrides
+    from xmem_engine.tracing import UnsupportedOpError, user_traceback_lines
 
     if not os.path.isfile(args.script):
         raise InputError(f"no such script: {args.script}")
@@ -308,7 +308,7 @@ def _cmd_estimate(args) -> int:
     try:
         with quiet:
             if args.max_batch:
-                from xmem_engine.script import top_level_value
+                from xmem_engine.tracing import top_level_value
 
                 start = top_level_value(args.script, args.max_batch)
                 if not isinstance(start, int) or isinstance(start, bool):
@@ -337,7 +337,7 @@ def _cmd_estimate(args) -> int:
         est.trace.write_jsonl(args.events)
     if args.snapshot:
         from xmem_engine.estimate import simulated_snapshot
-        from xmem_engine.snapshot import dump_snapshot
+        from xmem_engine.simulation.snapshot import dump_snapshot
 
         dump_snapshot(simulated_snapshot(est), args.snapshot)
     if args.max_batch:

@@ -24,10 +24,10 @@ from typing import Any, Callable
 
 import torch
 
-from xmem_engine.alloc_conf import AllocatorConfig, parse_alloc_conf
-from xmem_engine.allocator import CachingAllocator
+from xmem_engine.simulation.alloc_conf import AllocatorConfig, parse_alloc_conf
+from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.gpus import GPU, get_gpu, load_catalog
-from xmem_engine.simulate import SimulationResult, simulate
+from xmem_engine.simulation.simulate import SimulationResult, simulate
 from xmem_engine.trace import Trace
 
 REPORT_MIME = "application/vnd.xmem.report+json"
@@ -207,7 +207,7 @@ def estimate(
     ``iterations``: stop the code once that many training iterations have run (the peak is
     normally reached by the second), so a long training loop costs two iterations.
     """
-    from xmem_engine.tracer import trace
+    from xmem_engine.tracing import trace
 
     target = resolve_gpu(gpu)
     cfg = _config(alloc_conf)
@@ -228,7 +228,7 @@ def estimate_script(
     iterations: int | None = None,
 ) -> Estimate:
     """Estimate for a training script written for CUDA (``--set`` style ``overrides``)."""
-    from xmem_engine.script import trace_script
+    from xmem_engine.tracing import trace_script
 
     target = resolve_gpu(gpu)
     cfg = _config(alloc_conf)
@@ -250,7 +250,7 @@ def estimate_trace(
 
     This is what a GPU switch in the widget calls; it takes milliseconds.
     """
-    from xmem_engine.cuda_behaviour import adapt_trace, library_bytes
+    from xmem_engine.gpus.cuda_libraries import adapt_trace, library_bytes
 
     t0 = time.perf_counter()
     target = resolve_gpu(gpu)
@@ -384,7 +384,7 @@ def max_batch(
 def _replay_inputs(est: Estimate, alloc_conf: str | AllocatorConfig | None) -> tuple[list, AllocatorConfig]:
     """What re-simulating ``est`` needs: its trace as run on its GPU, and the allocator
     settings (``alloc_conf``, else the estimate's own)."""
-    from xmem_engine.cuda_behaviour import adapt_trace
+    from xmem_engine.gpus.cuda_libraries import adapt_trace
 
     if est.trace is None:
         raise ValueError("this estimate carries no trace to re-simulate")
@@ -430,7 +430,7 @@ def minimum_memory(est: Estimate, alloc_conf: str | AllocatorConfig | None = Non
 def simulated_snapshot(est: Estimate, alloc_conf: str | AllocatorConfig | None = None) -> dict:
     """The estimate's simulated run as a ``torch.cuda.memory._snapshot()`` dict (for
     ``python -m torch.cuda._memory_viz`` or pytorch.org/memory_viz)."""
-    from xmem_engine.snapshot import make_snapshot
+    from xmem_engine.simulation.snapshot import make_snapshot
 
     events, cfg = _replay_inputs(est, alloc_conf)
     history: list[dict] = []

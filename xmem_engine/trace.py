@@ -27,32 +27,63 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-ALLOC = "alloc"
-FREE = "free"
-RECORD_STREAM = "record_stream"
-ITERATION = "iteration"
-PHASE = "phase"
-EMPTY_CACHE = "empty_cache"
-RESET_PEAK = "reset_peak"
+class Word(str, Enum):
+    """A word of the trace's vocabulary: an enum member that *is* its string, so events
+    compare, hash, print and serialise to JSON exactly as the plain words they replace."""
 
-EVENT_KINDS = (ALLOC, FREE, RECORD_STREAM, ITERATION, PHASE, EMPTY_CACHE, RESET_PEAK)
-MARKER_KINDS = (ITERATION, PHASE, EMPTY_CACHE, RESET_PEAK)
+    __str__ = str.__str__
+    __format__ = str.__format__
 
-CATEGORIES = (
-    "parameter",
-    "buffer",
-    "gradient",
-    "optimizer_state",
-    "activation",
-    "temporary",
-    "input",
-    "workspace",
-    "other",
-)
-PHASES = ("forward", "backward", "optimizer", "other")
+
+class EventKind(Word):
+    ALLOC = "alloc"
+    FREE = "free"
+    RECORD_STREAM = "record_stream"
+    ITERATION = "iteration"
+    PHASE = "phase"
+    EMPTY_CACHE = "empty_cache"
+    RESET_PEAK = "reset_peak"
+
+
+class Category(Word):
+    """What an allocation holds (see the module docstring)."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    GRADIENT = "gradient"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATION = "activation"
+    TEMPORARY = "temporary"
+    INPUT = "input"
+    WORKSPACE = "workspace"
+    OTHER = "other"
+
+
+class Phase(Word):
+    """The part of a training step an event belongs to."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    OTHER = "other"
+
+
+ALLOC = EventKind.ALLOC
+FREE = EventKind.FREE
+RECORD_STREAM = EventKind.RECORD_STREAM
+ITERATION = EventKind.ITERATION
+PHASE = EventKind.PHASE
+EMPTY_CACHE = EventKind.EMPTY_CACHE
+RESET_PEAK = EventKind.RESET_PEAK
+
+EVENT_KINDS = tuple(k.value for k in EventKind)
+MARKER_KINDS = (ITERATION.value, PHASE.value, EMPTY_CACHE.value, RESET_PEAK.value)
+CATEGORIES = tuple(c.value for c in Category)
+PHASES = tuple(p.value for p in Phase)
 
 
 @dataclass(slots=True)

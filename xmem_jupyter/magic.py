@@ -143,7 +143,7 @@ class XmemMagics(Magics):
                           alloc_conf=cfg.default_alloc_conf() if args.alloc_conf is None else args.alloc_conf,
                           filename=cell_filename(self.shell.execution_count), iterations=args.iterations)
         try:
-            from xmem_engine.alloc_conf import parse_alloc_conf
+            from xmem_engine.simulation.alloc_conf import parse_alloc_conf
 
             parse_alloc_conf(session.alloc_conf)
         except Exception as e:  # the allocator's own error text says what is wrong

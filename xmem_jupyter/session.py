@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from xmem_engine.alloc_conf import parse_alloc_conf
+from xmem_engine.simulation.alloc_conf import parse_alloc_conf
 from xmem_engine.estimate import Estimate, estimate_trace, max_batch, resolve_gpu
 from xmem_engine.trace import Trace
 
@@ -59,7 +59,7 @@ class Session:
         with self.lock:
             if batch in self.traces:
                 return self.traces[batch]
-            from xmem_engine.tracer import trace
+            from xmem_engine.tracing import trace
 
             first = not self.traces
             source, assigned = self.source, True

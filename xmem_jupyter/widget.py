@@ -52,7 +52,7 @@ class SwitchTiming:
 
 def adapted_events(est: Estimate) -> list:
     """The trace's events as simulated on ``est``'s GPU: the x axis of the estimate's timeline."""
-    from xmem_engine.cuda_behaviour import adapt_trace
+    from xmem_engine.gpus.cuda_libraries import adapt_trace
     from xmem_engine.gpus import get_gpu
 
     if est.trace is None:

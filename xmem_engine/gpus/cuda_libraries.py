@@ -30,7 +30,7 @@ import re
 from dataclasses import replace
 from typing import Iterable
 
-from xmem_engine.gpus import GPU
+from xmem_engine.gpus.catalog import GPU
 from xmem_engine.trace import ALLOC, FREE, Trace, TraceEvent
 
 # aten ops that run on cuBLAS on a GPU (names without overload).

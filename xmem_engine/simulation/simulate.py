@@ -13,8 +13,8 @@ from array import array
 from dataclasses import dataclass, field
 
 from xmem_engine import trace as tr
-from xmem_engine.alloc_conf import AllocatorConfig
-from xmem_engine.allocator import ALLOCATED_BYTES, RESERVED_BYTES, Block, CachingAllocator, OutOfMemoryError
+from xmem_engine.simulation.alloc_conf import AllocatorConfig
+from xmem_engine.simulation.allocator import ALLOCATED_BYTES, RESERVED_BYTES, Block, CachingAllocator, OutOfMemoryError
 
 
 @dataclass

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from xmem_engine.trace import Trace
-from xmem_engine.tracer import TracerError, trace
+from xmem_engine.tracing.errors import TracerError
+from xmem_engine.tracing.run import trace
 
 
 class OverrideError(TracerError, ValueError):
@@ -123,7 +124,7 @@ def trace_script(
 ) -> Trace:
     """Trace a training script as ``python SCRIPT`` would run it (``__name__ == "__main__"``,
     its directory first on ``sys.path``, ``sys.argv == [SCRIPT]``). ``max_iterations`` as in
-    :func:`xmem_engine.tracer.trace`."""
+    :func:`xmem_engine.tracing.trace`."""
     path = os.path.abspath(path)
     code = load_script(path, overrides)
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}

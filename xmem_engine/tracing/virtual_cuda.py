@@ -17,14 +17,25 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from xmem_engine.autocast_policy import CudaAutocastPolicy
+from xmem_engine.tracing.autocast_policy import CudaAutocastPolicy
+from xmem_engine.tracing.patches import patched_attr
+from xmem_engine.tracing.placeholders import FakeFloat, FakeInt
 
-if TYPE_CHECKING:  # pragma: no cover
-    from xmem_engine.tracer import Tracer
+
+class Recorder(Protocol):
+    """What the virtual device asks of the tracer (``tracer.Tracer`` is one)."""
+
+    allocator: Any  # the simulated caching allocator that answers torch.cuda.memory_*
+
+    def is_gpu(self, t: torch.Tensor) -> bool: ...
+
+    def empty_cache(self) -> None: ...
+
+    def reset_peak(self) -> None: ...
 
 DEFAULT_DEVICE: dict[str, Any] = {
     "name": "NVIDIA A100-SXM4-40GB",
@@ -151,7 +162,7 @@ class _StreamContext:
 class VirtualCuda:
     """The state of the virtual device: target properties, streams, and the tracer to ask."""
 
-    def __init__(self, tracer: "Tracer", device: dict | None = None):
+    def __init__(self, tracer: Recorder, device: dict | None = None):
         self.tracer = tracer
         self.props = DeviceProperties.from_dict(device)
         self.default_stream = VirtualStream(stream_id=0)
@@ -231,12 +242,12 @@ class VirtualCuda:
                 t.allocator.history = []
 
         def snapshot(device: Any = None) -> dict:
-            from xmem_engine.snapshot import make_snapshot
+            from xmem_engine.simulation.snapshot import make_snapshot
 
             return make_snapshot(t.allocator, device_trace=getattr(t.allocator, "history", None))
 
         def dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
-            from xmem_engine.snapshot import dump_snapshot as dump
+            from xmem_engine.simulation.snapshot import dump_snapshot as dump
 
             dump(snapshot(), filename)
 
@@ -360,7 +371,7 @@ def _autocast_methods(vc: "VirtualCuda") -> tuple[Callable, Callable]:
 def _grad_scaler_methods() -> dict[str, Callable]:
     """``GradScaler`` methods that read tensor values, for fake tensors.
 
-    In fake mode ``.item()`` of ``found_inf`` / ``_scale`` gives a placeholder (see tracer.py).
+    In fake mode ``.item()`` of ``found_inf`` / ``_scale`` gives a placeholder (``placeholders.py``).
     ``_maybe_opt_step`` then takes the step (a placeholder ``found_inf`` counts as finite, the
     case a memory estimate is about: a skipped step allocates no optimizer state), and
     ``get_scale`` / ``_get_growth_tracker`` answer the values ``_amp_update_scale_`` gives
@@ -375,9 +386,7 @@ def _grad_scaler_methods() -> dict[str, Callable]:
     orig_load_state_dict = GradScaler.load_state_dict
 
     def placeholder(x: Any) -> bool:
-        from xmem_engine.tracer import _FakeFloat, _FakeInt
-
-        return isinstance(x, (_FakeFloat, _FakeInt))
+        return isinstance(x, (FakeFloat, FakeInt))
 
     def _maybe_opt_step(self: Any, optimizer: Any, optimizer_state: dict, *args: Any, **kwargs: Any) -> Any:
         found = 0.0
@@ -427,12 +436,11 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
     import torch.cuda.memory as cuda_memory
     import torch.cuda.nvtx as nvtx
 
-    def patch(mod: Any, name: str, fn: Any) -> None:
-        had = name in vars(mod)
-        saved.append((mod, name, vars(mod).get(name), had))
-        setattr(mod, name, fn)
+    stack = contextlib.ExitStack()
 
-    saved: list[tuple[Any, str, Any, bool]] = []
+    def patch(mod: Any, name: str, fn: Any) -> None:
+        stack.enter_context(patched_attr(mod, name, fn))
+
     cpu_autocast = torch.is_autocast_enabled("cpu")
     try:
         for name, fn in vc.functions().items():
@@ -488,9 +496,4 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
         if vc.autocast_depth:  # a region left open (a generator never resumed): CPU autocast off again
             torch.set_autocast_enabled("cpu", cpu_autocast)
             vc.autocast_depth = 0
-        for mod, name, old, had in reversed(saved):
-            if had:
-                setattr(mod, name, old)
-            else:
-                with contextlib.suppress(AttributeError):
-                    delattr(mod, name)
+        stack.close()

@@ -23,8 +23,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import asdict, dataclass, field
 
-from xmem_engine.alloc_conf import AllocatorConfig, parse_alloc_conf
-from xmem_engine.allocator import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, Block, CachingAllocator
+from xmem_engine.simulation.alloc_conf import AllocatorConfig, parse_alloc_conf
+from xmem_engine.simulation.allocator import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, Block, CachingAllocator
 
 
 @dataclass
@@ -202,7 +202,7 @@ def replay_snapshot(snapshot: dict, config: AllocatorConfig | None = None, devic
 
 def simulated_snapshot(snapshot: dict, config: AllocatorConfig | None = None, device: int = 0) -> dict:
     """The replayed run as a snapshot of its own (to open in torch.cuda._memory_viz)."""
-    from xmem_engine.snapshot import make_snapshot
+    from xmem_engine.simulation.snapshot import make_snapshot
 
     history: list[dict] = []
     _, alloc = _replay(snapshot, config, device, False, history)
@@ -229,7 +229,7 @@ def _replay(snapshot: dict, config: AllocatorConfig | None, device: int, check: 
             report._miss(f"simulator called cudaMalloc({size}) where the recording did not")
         return fallback.malloc(size)
 
-    from xmem_engine.allocator import _VirtualAddressSpace
+    from xmem_engine.simulation.allocator import _VirtualAddressSpace
 
     fallback = _VirtualAddressSpace(top=0x100000000000)  # below any real address seen
     alloc = CachingAllocator(cfg, device_malloc=device_malloc, history=history)

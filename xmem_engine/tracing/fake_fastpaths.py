@@ -24,7 +24,7 @@ import torch
 import torch._prims_common
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
-from xmem_engine.autocast_policy import aten_op
+from xmem_engine.tracing.autocast_policy import aten_op
 
 _PLAIN_FLOATS = (torch.float32, torch.float64)
 _CPU = torch.device("cpu")

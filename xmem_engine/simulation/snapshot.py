@@ -16,8 +16,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from xmem_engine.alloc_conf import AllocatorConfig
-from xmem_engine.allocator import CachingAllocator
+from xmem_engine.simulation.alloc_conf import AllocatorConfig
+from xmem_engine.simulation.allocator import CachingAllocator
 
 
 class UnsafeSnapshotError(ValueError):

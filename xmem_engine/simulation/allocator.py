@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 from bisect import bisect_left, insort
 
-from xmem_engine.alloc_conf import AllocatorConfig
+from xmem_engine.simulation.alloc_conf import AllocatorConfig
 
 K_MIN_BLOCK_SIZE = 512
 K_SMALL_SIZE = 1 << 20  # 1 MiB: largest "small" request

@@ -6,7 +6,7 @@ for backward). On a GPU, PyTorch picks flash attention, memory-efficient attenti
 cuDNN attention or math, by GPU architecture, dtype, head dim, mask, dropout and the user's
 ``torch.backends.cuda.enable_*_sdp`` / ``torch.nn.attention.sdpa_kernel`` settings; each
 backend allocates, saves for backward and allocates in backward differently. The tracer
-(``tracer._DeviceMode``) routes ``F.scaled_dot_product_attention`` on virtual-GPU tensors to
+(``device_mode.DeviceMode``) routes ``F.scaled_dot_product_attention`` on virtual-GPU tensors to
 :func:`scaled_dot_product_attention` here, which
 
 1. chooses the backend as ``select_sdp_backend`` (``aten/src/ATen/native/transformers/cuda/
@@ -336,7 +336,7 @@ def _no_autocast() -> Any:
 
 class _Hidden:
     """Real-mode value computation that the tracer does not record: no dispatch modes (the
-    tracer's ``_AllocMode``), no torch-function modes, no autograd, no autocast."""
+    tracer's ``AllocMode``), no torch-function modes, no autograd, no autocast."""
 
     def __enter__(self) -> None:
         from torch.utils._python_dispatch import _disable_current_modes
@@ -873,7 +873,7 @@ def _valid(b: dict[str, Any]) -> bool:
 
 
 def tracer_handler(tracer: Any) -> Callable[[Any, tuple, dict], Any]:
-    """The ``_DeviceMode.special`` handler for ``F.scaled_dot_product_attention``: virtual-GPU
+    """The ``DeviceMode.special`` handler for ``F.scaled_dot_product_attention``: virtual-GPU
     inputs go to :func:`scaled_dot_product_attention` for the tracer's target GPU, anything
     else to PyTorch."""
 
@@ -894,15 +894,11 @@ def tracer_handler(tracer: Any) -> Callable[[Any, tuple, dict], Any]:
         props = tracer.vc.props
         tracer.sdpa_calls += 1
         # Tensors the kernels make without tensor inputs (a causal mask, a scalar) are on the
-        # GPU, as for any torch function called with GPU tensors (Tracer._factory_on_gpu).
-        saved = tracer._call_args, tracer._call_gpu
-        tracer._call_args, tracer._call_gpu = args, None
-        try:
+        # GPU, as for any torch function called with GPU tensors (Tracer.factory_on_gpu).
+        with tracer.call_scope(args=args):
             return scaled_dot_product_attention(
                 b["query"], b["key"], b["value"], b["attn_mask"], float(b["dropout_p"]), b["is_causal"], b["scale"],
                 bool(b["enable_gqa"]), capability=(props.major, props.minor), sm_count=props.multi_processor_count,
                 real=not tracer.fake, label=label)
-        finally:
-            tracer._call_args, tracer._call_gpu = saved
 
     return handle

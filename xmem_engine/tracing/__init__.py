@@ -1,0 +1,101 @@
+"""The tracing wing: run code written for ``cuda`` on the CPU and record its GPU memory requests.
+
+How it works
+------------
+* A :class:`torch.overrides.TorchFunctionMode` (``device_mode.DeviceMode``) is the *virtual CUDA
+  device*: it rewrites ``device="cuda"``, ``.cuda()``, ``.to("cuda")`` ... to the CPU, makes
+  tensors that live "on the GPU" report ``cuda:0`` (``.device``, ``.is_cuda``), and marks the
+  phases (``backward()``). ``virtual_cuda.patched_cuda`` answers ``torch.cuda.*``.
+* A :class:`torch.utils._python_dispatch.TorchDispatchMode` (``alloc_mode.AllocMode``) sees every aten
+  op. A storage it has not seen before is an allocation; it is "on the GPU" when the op was
+  a transfer to / factory on ``cuda`` or read a GPU storage. A weakref on the storage
+  reports the free at the moment the storage dies - the moment the caching allocator would
+  get the block back. Views share their storage (no allocation); in-place ops allocate nothing.
+* ``mode="fake"`` runs the GPU side under :class:`FakeTensorMode` (no arithmetic, no memory):
+  every tensor on the virtual GPU and every ``nn.Parameter`` is fake, and so is a host
+  tensor made by a factory larger than ``HOST_REAL_BYTES``; other CPU-side work (data
+  loading, samplers, metrics on CPU tensors) runs for real, so it sees real values.
+  Weight initialisers (``torch.nn.init``) leave fake tensors alone. ``.item()`` of a fake
+  tensor gives a placeholder number that may be printed or summed, but raises (and makes
+  ``auto`` fall back) once it decides control flow. Small GPU tensors whose values are
+  known (masks, ids, labels moved from the host, and what deterministic ops make of them)
+  keep a real copy, so branches on them and ``nonzero`` stay in fake mode
+  (``shadow_values.py``).
+  ``mode="real"`` runs on real CPU tensors; ``mode="auto"`` tries fake and falls back to
+  real (``trace.meta["fallback"]`` says why) when the code needs tensor values of the GPU
+  side (data-dependent shapes such as ``nonzero`` or boolean masks, values in control
+  flow). A fallback re-runs the code from the start. A few hot ops (convolution, batch norm
+  and their backwards, copies, simple in-place ops) take shortcuts in fake mode that give the
+  outputs FakeTensorMode's kernels give, faster (``tests/test_tracer_fastpaths.py``).
+* The tracer records what this CPU run does with the CUDA defaults it can see at trace
+  time (tensors report ``cuda``, so optimizers pick ``foreach``). Two kernels are rewritten
+  to allocate as on the target GPU: dropout (``native_dropout``'s bool mask) and
+  ``scaled_dot_product_attention`` (the backend CUDA would pick for the target's compute
+  capability, ``sdpa.py``); other differences (cuBLAS / cuDNN workspaces, autocast cast
+  lists) are the business of ``xmem_engine/gpus/cuda_libraries.py``. oneDNN is switched off so that real CPU execution takes
+  the same generic kernels as fake tensors.
+* Module hooks give the module path (dotted, relative to the top-level module; the
+  top-level module's own ops carry its variable name, or its class name). Backward ops get
+  the module that was running when their autograd node was made in the forward.
+  Autograd's saved-tensor hooks tell which storages are saved for backward
+  (``activation``); parameters, buffers, gradients and optimizer state are recognised from
+  the modules and optimizers the code uses, and a storage's category only moves up
+  (``_RANK``), so the last word is the most specific one. ``user source`` is the innermost
+  frame outside torch, xmem and the standard library.
+* CPU-only conveniences: ``DataLoader`` workers load in-process, ``torch.compile`` returns
+  the model unchanged, NVTX ranges and CUDA events do nothing.
+
+What persists in a namespace
+----------------------------
+When ``code`` is source text it runs in a copy of ``namespace``. Afterwards only *plain*
+values that the code bound to names (``None``, bools, numbers, strings, bytes, and lists,
+tuples, dicts and sets of those) are copied back; tensors, modules, optimizers, functions
+and classes the code made stay behind (they may hold fake tensors or GPU storages). Objects
+that existed before are restored to their earlier state (``user_state.py``): modules,
+optimizers, tensors (binding, values, ``requires_grad``, ``.grad``), lists / dicts / sets
+(so nothing appended during tracing stays), the RNG states and common global torch
+settings. The same holds for what a callable reaches through its globals and closure.
+The callable's return value is discarded.
+
+Where things are
+----------------
+``run.py``            :func:`trace`, the entry point: modes, fallback, the user's namespace
+``tracer.py``         :class:`Tracer`: the record of one run (storages, categories, phases)
+``scope.py``          trace modes, device kinds, the scope of the torch call now running
+``alloc_mode.py``     the dispatch mode: aten ops -> allocations and frees
+``device_mode.py``    the function mode: the virtual ``cuda`` device at the Python API
+``virtual_cuda.py``   ``torch.cuda.*`` answered for the target GPU; autocast and GradScaler
+``patches.py``        torch patched for the trace's duration (``nn.Module._apply``, DataLoader...)
+``sdpa.py``           ``scaled_dot_product_attention`` as the target GPU's backend allocates
+``autocast_policy.py``  CUDA's autocast cast lists, applied on the CPU
+``fake_fastpaths.py``   shortcuts for hot ops in fake mode
+``shadow_values.py``  real values of small fake GPU tensors whose contents are known
+``grad_accumulation.py``  gradient sums in place, as CUDA's autograd does them
+``user_state.py``     the user's objects and settings, put back after the trace
+``script.py``         a training script with ``--set VAR=VALUE`` overrides
+``frames.py``         which frames are the user's (sources, tracebacks)
+``errors.py``, ``placeholders.py``  what can go wrong; what ``.item()`` of a fake tensor gives
+"""
+
+from xmem_engine.tracing.errors import TracerError, UnsupportedOpError
+from xmem_engine.tracing.frames import strip_to_user_code, user_traceback_lines
+from xmem_engine.tracing.run import trace
+from xmem_engine.tracing.scope import MODES, Device, Mode
+from xmem_engine.tracing.script import OverrideError, parse_overrides, top_level_value, trace_script
+from xmem_engine.tracing.tracer import Tracer
+
+__all__ = [
+    "MODES",
+    "Device",
+    "Mode",
+    "OverrideError",
+    "Tracer",
+    "TracerError",
+    "UnsupportedOpError",
+    "parse_overrides",
+    "strip_to_user_code",
+    "top_level_value",
+    "trace",
+    "trace_script",
+    "user_traceback_lines",
+]

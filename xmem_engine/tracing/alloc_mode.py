@@ -1,0 +1,213 @@
+"""The dispatch mode: every aten op, and the GPU storages it makes.
+
+A :class:`torch.utils._python_dispatch.TorchDispatchMode` sees every aten op. A storage it
+has not seen before is an allocation; it is "on the GPU" when the op was a transfer to / a
+factory on ``cuda`` (the call's :class:`~xmem_engine.tracing.scope.CallScope`) or read a GPU
+storage. A weakref on the storage reports the free at the moment the storage dies: the
+moment the caching allocator would get the block back. Views share their storage (no
+allocation); in-place ops allocate nothing.
+
+In fake mode the GPU side runs under :class:`FakeTensorMode` (no arithmetic, no memory);
+CPU-side work on real tensors (data loading, samplers, metrics) runs for real, and so does a
+host factory up to ``HOST_REAL_BYTES``. Hot ops take the shortcuts of ``fake_fastpaths.py``;
+values fake tensors lack come from ``shadow_values.py`` or raise :class:`NeedsRealValues`.
+In backward, gradient sums are rewritten in place as CUDA's autograd does them
+(``grad_accumulation.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from xmem_engine.tracing.errors import NeedsRealValues
+from xmem_engine.tracing.fake_fastpaths import FAST_FAKE
+from xmem_engine.tracing.frames import user_frame
+from xmem_engine.tracing.grad_accumulation import BackwardInPlace
+from xmem_engine.tracing.scope import Device
+from xmem_engine.tracing.tracer import Tracer, tensors_in
+
+
+def _fake_exceptions() -> tuple[type[BaseException], ...]:
+    from torch._subclasses import fake_tensor as ft
+
+    excs: list[type[BaseException]] = [
+        ft.DataDependentOutputException,
+        ft.DynamicOutputShapeException,
+        ft.UnsupportedOperatorException,
+        ft.UnsupportedFakeTensorException,
+    ]
+    try:
+        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+        excs.append(GuardOnDataDependentSymNode)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(excs)
+
+
+_PRIM_DEVICE = torch.ops.prim.device.default
+
+
+def _is_mutable(func: Any) -> bool:
+    schema = getattr(func, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
+# Fake mode: host tensors up to this size made by factories are real (see _run_on_host).
+HOST_REAL_BYTES = 16 * 1024 * 1024
+
+
+def _factory_numel(args: tuple) -> int | None:
+    """Elements a factory makes, from its first size argument (``empty(size)``,
+    ``randint(high, size)``, ...); None if it has none (``arange``, ``randperm``)."""
+    for a in args:
+        if isinstance(a, (list, tuple)) and all(type(d) is int for d in a):
+            n = 1
+            for d in a:
+                n *= d
+            return n
+    return None
+
+
+def _has_fake_tensor(args: tuple) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor  # cached import
+
+    for a in args:
+        if isinstance(a, FakeTensor):
+            return True
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, FakeTensor):
+                    return True
+    return False
+
+
+def _has_tensor(args: tuple) -> bool:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return True
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    return True
+    return False
+
+
+class AllocMode(TorchDispatchMode):
+    """Sees every aten op; turns new GPU storages into ``alloc`` events."""
+
+    def __init__(self, tracer: Tracer):
+        super().__init__()
+        self.t = tracer
+        self.fake_errors = _fake_exceptions() if tracer.fake else ()
+        self.mutable: dict[Any, bool] = {}
+        self.backward_writes = BackwardInPlace()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is _PRIM_DEVICE and self.fake_errors:
+            # C++ asks every fake tensor for its device (autograd does so per input): answer
+            # from the tensor without a round trip through FakeTensorMode.
+            dev = getattr(args[0], "fake_device", None)
+            if dev is not None:
+                return dev
+        kwargs = kwargs or {}
+        tr = self.t
+        in_backward = tr.phase == "backward" and self.backward_writes.node_changed() is not None
+        if in_backward:  # gradient sums and scatters in place, as on a GPU (grad_accumulation.py)
+            func, args, kwargs = self.backward_writes.rewrite(func, args, kwargs) or (func, args, kwargs)
+        if tr.user_state is not None and tr.user_state.storages:
+            mutable = self.mutable.get(func)
+            if mutable is None:
+                mutable = self.mutable[func] = _is_mutable(func)
+            if mutable:  # copy-on-write of the user's tensors, put back when tracing ends
+                for t in tensors_in(args):
+                    tr.user_state.before_write(t)
+                for t in tensors_in(tuple(kwargs.values())):
+                    tr.user_state.before_write(t)
+        if self.fake_errors:
+            if tr.scope.target is not Device.GPU and not _has_fake_tensor(args) and not (kwargs and _has_fake_tensor(tuple(kwargs.values()))):
+                factory = not _has_tensor(args) and not (kwargs and _has_tensor(tuple(kwargs.values())))
+                if not factory or not tr.factory_on_gpu():
+                    return self._run_on_host(func, args, kwargs, factory)
+            fast = FAST_FAKE.get(func)
+            out = fast(*args, **kwargs) if fast is not None else NotImplemented
+            if out is NotImplemented:
+                try:
+                    out = func(*args, **kwargs)
+                except self.fake_errors as e:
+                    # values the fake tensors lack: known ones come from the shadows
+                    out = tr.shadows.data_dependent(func, args, kwargs, tr.fake_mode)
+                    if out is NotImplemented:
+                        raise NeedsRealValues(str(func), _fake_reason(e), user_frame(2)) from e
+                else:
+                    tr.shadows.after_op(func, args, kwargs, out)
+            else:
+                tr.shadows.after_op(func, args, kwargs, out)
+        else:
+            out = func(*args, **kwargs)
+        live = tr.live
+        gpu: bool | None = None
+        for t in tensors_in(out):
+            st = t.untyped_storage()
+            key = st._cdata
+            rec = live.get(key)
+            nbytes = st.nbytes()
+            if rec is not None:
+                if rec.nbytes != nbytes:
+                    tr.on_resized(func, t, st, key, nbytes)
+                continue
+            if gpu is None:
+                gpu = self._on_gpu(args, kwargs)
+            if gpu:
+                tr.on_new_storage(func, t, st, key, nbytes)
+        if in_backward:
+            self.backward_writes.made(tensors_in(out))
+        if tr.op_hooks:
+            for hook in tr.op_hooks:
+                hook(tr, func, args, kwargs, out)
+        return out
+
+    def _run_on_host(self, func: Any, args: tuple, kwargs: dict, factory: bool) -> Any:
+        """Fake mode, CPU-side work on real tensors: run it for real, so data loading, samplers
+        and host-side logic see real values. A host factory runs fake first to learn its size:
+        a big one (a weight matrix before ``.cuda()``) stays fake, so that building a large
+        model costs no host memory."""
+        numel = _factory_numel(args) if factory else None
+        if factory and (numel is None or numel * 8 > HOST_REAL_BYTES):
+            try:
+                trial = func(*args, **kwargs)
+            except self.fake_errors as e:
+                raise NeedsRealValues(str(func), _fake_reason(e), user_frame(2)) from e
+            if sum(t.untyped_storage().nbytes() for t in tensors_in(trial)) > HOST_REAL_BYTES:
+                return trial
+            del trial
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return func(*args, **kwargs)
+
+    def _on_gpu(self, args: tuple, kwargs: dict) -> bool:
+        tr = self.t
+        target = tr.scope.target
+        if target is not None:
+            return target is Device.GPU
+        live = tr.live
+        found = False
+        for x in (args, tuple(kwargs.values())):
+            for t in tensors_in(x):
+                found = True
+                if t.untyped_storage()._cdata in live:
+                    return True
+        return False if found else tr.factory_on_gpu()
+
+
+def _fake_reason(e: BaseException) -> str:
+    name = type(e).__name__
+    if name == "DynamicOutputShapeException":
+        return "its output shape depends on tensor values"
+    if name in ("DataDependentOutputException", "GuardOnDataDependentSymNode"):
+        return "it reads tensor values"
+    return f"fake tensors do not support it ({name})"

@@ -1,0 +1,255 @@
+"""The function mode: the virtual CUDA device as Python code sees it.
+
+A :class:`torch.overrides.TorchFunctionMode` rewrites ``device="cuda"``, ``.cuda()``,
+``.to("cuda")`` ... to the CPU and opens a :class:`~xmem_engine.tracing.scope.CallScope` for
+each call, so the dispatch mode knows where the call's storages go; it makes tensors that
+live "on the GPU" report ``cuda:0`` (``.device``, ``.is_cuda``), marks the backward phase,
+and rewrites the kernels whose CUDA version allocates differently from the CPU's (dropout
+here, ``scaled_dot_product_attention`` in ``sdpa.py``). In fake mode it answers value reads
+(``.item()``, ``bool(t)``) with placeholders or :class:`NeedsRealValues`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.utils._device as _device_mod
+from torch.overrides import TorchFunctionMode
+
+from xmem_engine.tracing.sdpa import tracer_handler
+from xmem_engine.tracing.errors import NeedsRealValues
+from xmem_engine.tracing.frames import user_frame
+from xmem_engine.tracing.placeholders import placeholder
+from xmem_engine.tracing.scope import CPU, CUDA0, CallScope, Device
+from xmem_engine.tracing.tracer import Tracer
+
+_device_constructors = _device_mod._device_constructors
+_T = torch.Tensor
+
+
+def _as_device(d: Any) -> torch.device | None:
+    if d is None:
+        return None
+    if isinstance(d, torch.device):
+        return d
+    if isinstance(d, int):
+        return torch.device("cuda", d)
+    if isinstance(d, str):
+        return torch.device(d)
+    return None
+
+
+class DeviceMode(TorchFunctionMode):
+    """The virtual CUDA device at the Python API: device arguments, transfers, queries."""
+
+    def __init__(self, tracer: Tracer):
+        super().__init__()
+        self.t = tracer
+        self.special: dict[Any, Callable] = {
+            _T.device.__get__: self._device,
+            _T.is_cuda.__get__: lambda f, a, k: self.t.is_gpu(a[0]),
+            _T.is_cpu.__get__: lambda f, a, k: not self.t.is_gpu(a[0]),
+            _T.get_device: lambda f, a, k: 0 if self.t.is_gpu(a[0]) else -1,
+            _T.to: self._to,
+            _T.cuda: self._cuda,
+            _T.cpu: self._cpu,
+            _T.pin_memory: lambda f, a, k: a[0],
+            _T.is_pinned: lambda f, a, k: False,
+            _T.numpy: self._numpy,
+            _T.backward: self._backward,
+            torch.autograd.backward: self._backward,
+            torch.autograd.grad: self._backward,
+            torch.nn.functional.dropout: self._dropout,
+            torch.dropout: self._dropout,
+            # SDPA as the target GPU's backend (flash / efficient / cuDNN / math) allocates.
+            torch.nn.functional.scaled_dot_product_attention: tracer_handler(tracer),
+        }
+        if tracer.fake:
+            self.special.update({
+                _T.item: self._item,
+                _T.__float__: self._item,
+                _T.__format__: self._format,
+                _T.__bool__: self._needs_value,
+                _T.__int__: self._needs_value,
+                _T.__index__: self._needs_value,
+                _T.tolist: self._needs_value,
+                _T.__deepcopy__: self._deepcopy,
+            })
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        h = self.special.get(func)
+        if h is not None:
+            return h(func, args, kwargs)
+        tr = self.t
+        dev = kwargs.get("device")
+        if dev is None and _device_mod.CURRENT_DEVICE is not None and func in _device_constructors():
+            # ``with torch.device("cuda")`` / ``set_default_device``: the DeviceContext sits
+            # below this mode and would make a real CUDA tensor; place it here instead.
+            dev = _device_mod.CURRENT_DEVICE
+        target = None
+        if dev is not None:
+            d = _as_device(dev)
+            if d is not None and d.type in ("cuda", "cpu"):
+                kwargs = dict(kwargs)
+                kwargs["device"] = CPU
+                target = Device.GPU if d.type == "cuda" else Device.HOST
+        # Inlined Tracer.call_scope: this runs for every torch function the code calls.
+        saved = tr.scope
+        tr.scope = CallScope(target, target is Device.GPU, args, None)
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            tr.scope = saved
+        return out
+
+    # -- kernels that differ between the CPU and CUDA
+    def _dropout(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Dropout as CUDA runs it: the fused kernel, which saves a bool mask for backward.
+        The CPU kernel multiplies by a noise tensor of the input's dtype instead (a mask 4x
+        larger for float32), which would inflate every dropout layer's saved activations."""
+        names = ("input", "p", "training", "inplace") if func is torch.nn.functional.dropout else ("input", "p", "train")
+        bound = dict(zip(names, args), **kwargs)
+        x = bound["input"]
+        p = bound.get("p", 0.5)
+        training = bound.get("training", bound.get("train", True))
+        if isinstance(x, torch.Tensor) and self.t.is_gpu(x) and training and 0.0 < p < 1.0 and x.numel() > 0:
+            out = torch.native_dropout(x, p, True)[0]
+            return x.copy_(out) if bound.get("inplace", False) else out
+        return func(*args, **kwargs)
+
+    # -- device queries
+    def _device(self, func: Any, args: tuple, kwargs: dict) -> torch.device:
+        return CUDA0 if self.t.is_gpu(args[0]) else func(*args, **kwargs)
+
+    # -- transfers
+    def _transfer(self, t: torch.Tensor, to_gpu: bool, dtype: Any, non_blocking: bool, memory_format: Any,
+                  copy: bool) -> torch.Tensor:
+        """``.to`` / ``.cuda()`` / ``.cpu()``: a copy when the (virtual) device changes, else
+        PyTorch's own rules (no copy unless dtype or memory format change, or ``copy=True``)."""
+        tr = self.t
+        src_gpu = tr.is_gpu(t)
+        mf = memory_format if memory_format is not None else torch.preserve_format
+        if src_gpu == to_gpu:
+            return t.to(dtype=dtype if dtype is not None else t.dtype, non_blocking=non_blocking, copy=copy,
+                        memory_format=mf)
+        with tr.call_scope(target=Device.GPU if to_gpu else Device.HOST, explicit=to_gpu and not src_gpu):
+            return t.to(device=CPU, dtype=dtype, non_blocking=non_blocking, copy=True, memory_format=mf)
+
+    def _to(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        t, rest = args[0], args[1:]
+        kwargs = dict(kwargs)
+        copy = bool(kwargs.pop("copy", False))
+        if len(rest) >= 4 and not isinstance(rest[0], torch.Tensor):  # to(device, dtype, non_blocking, copy)
+            copy = copy or bool(rest[3])
+            rest = rest[:3]
+        elif len(rest) >= 3 and isinstance(rest[0], torch.dtype):  # to(dtype, non_blocking, copy)
+            copy = copy or bool(rest[2])
+            rest = rest[:2]
+        if rest and isinstance(rest[0], torch.Tensor):
+            other = rest[0]
+            device = CUDA0 if self.t.is_gpu(other) else other.device
+            dtype = other.dtype
+            non_blocking = bool(rest[1]) if len(rest) > 1 else kwargs.get("non_blocking", False)
+            memory_format = kwargs.get("memory_format")
+        else:
+            device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*rest, **kwargs)
+        if device is None or device.type not in ("cuda", "cpu"):
+            if device is None:
+                return self._transfer(t, self.t.is_gpu(t), dtype, non_blocking, memory_format, copy)
+            return func(*args, **kwargs)
+        return self._transfer(t, device.type == "cuda", dtype, non_blocking, memory_format, copy)
+
+    def _cuda(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+        return self._transfer(args[0], True, None, non_blocking, kwargs.get("memory_format"), False)
+
+    def _cpu(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        return self._transfer(args[0], False, None, False, kwargs.get("memory_format"), False)
+
+    def _numpy(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if self.t.is_gpu(args[0]):
+            raise TypeError(
+                "can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
+            )
+        if self.t.fake:
+            raise NeedsRealValues("Tensor.numpy()", "numpy needs the tensor's values", user_frame(3))
+        return func(*args, **kwargs)
+
+    # -- phases
+    def _backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        with self.t.backward_phase():
+            return func(*args, **kwargs)
+
+    # -- values (fake mode)
+    def _item(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except NeedsRealValues:
+            return placeholder(args[0].dtype)
+
+    def _format(self, func: Any, args: tuple, kwargs: dict) -> str:
+        t = args[0]
+        if t.dim() != 0:
+            return func(*args, **kwargs)
+        try:
+            value = t.item()
+        except NeedsRealValues:
+            value = placeholder(t.dtype)
+        return format(value, *args[1:], **kwargs)
+
+    def _deepcopy(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        """``copy.deepcopy`` of a fake tensor (``nn.TransformerEncoder`` clones its layer):
+        torch's storage-level copy leaves fake tensors whose views get storages of their
+        own; a clone is the same allocation with sane aliasing."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        t, memo = args[0], (args[1] if len(args) > 1 else kwargs.get("memo"))
+        if not isinstance(t, FakeTensor) or memo is None:
+            return func(*args, **kwargs)
+        if id(t) in memo:
+            return memo[id(t)]
+        import copy
+
+        with torch.no_grad():
+            new = t.detach().clone(memory_format=torch.preserve_format)
+        if isinstance(t, torch.nn.Parameter) or getattr(t, "_is_param", False):
+            new = torch.nn.Parameter(new, t.requires_grad)
+        elif t.requires_grad and t.is_leaf:
+            new.requires_grad_(True)
+        memo[id(t)] = new
+        if t.grad is not None:
+            new.grad = copy.deepcopy(t.grad, memo)
+        for k, v in vars(t).items():
+            if not hasattr(new, k):
+                setattr(new, k, copy.deepcopy(v, memo))
+        return new
+
+    def _needs_value(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except NeedsRealValues as e:
+            name = getattr(func, "__name__", str(func))
+            raise NeedsRealValues(f"Tensor.{name}", "a tensor value decides control flow or a shape",
+                                   user_frame(3) or e.where) from None
+
+
+def fake_device_property(tracer: Tracer, mode: TorchFunctionMode) -> property:
+    """``FakeTensor.device`` is a Python property, invisible to TorchFunctionMode: report
+    ``cuda:0`` for GPU storages, but only to code running under the device mode (user and
+    library Python code), never to FakeTensorMode's own kernels."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    orig = vars(FakeTensor)["device"]
+
+    def device(t: torch.Tensor) -> torch.device:
+        d = orig.fget(t)
+        if d.type == "cpu" and t.untyped_storage()._cdata in tracer.live:
+            n = torch._C._len_torch_function_stack()
+            for i in range(n - 1, -1, -1):
+                if torch._C._get_function_stack_at(i) is mode:
+                    return CUDA0
+        return d
+
+    return property(device, orig.fset)

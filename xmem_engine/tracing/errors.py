@@ -1,0 +1,69 @@
+"""What can go wrong while tracing, as exceptions.
+
+Two families: :class:`TracerError` (the tracer could not produce a trace: an op the mode
+cannot run, a bad ``--set``) is shown to the user as xmem's message; ``BaseException``
+subclasses (:class:`StopTracing`, :class:`NeedsRealValues`) are the tracer's own control
+flow, which a user's ``except Exception`` must not swallow.
+"""
+
+from __future__ import annotations
+
+from xmem_engine.tracing.frames import is_user_file
+
+
+class TracerError(Exception):
+    """The tracer could not produce a trace (not an error of the user's code)."""
+
+
+class UnsupportedOpError(TracerError):
+    """An op or a value read the chosen mode cannot execute."""
+
+    def __init__(self, op: str, mode: str, reason: str = "", where: str = "", hint: str | None = None):
+        self.op, self.mode, self.reason, self.where = op, mode, reason, where
+        if hint is None:
+            hint = "try --mode real (runs the code on real CPU tensors)" if mode == "fake" else (
+                "report it to xmem with the line above"
+            )
+        at = f" at {where}" if where else ""
+        why = f" ({reason})" if reason else ""
+        super().__init__(f"{op}{at} cannot be traced in {mode} mode{why}; {hint}")
+
+
+class StopTracing(BaseException):
+    """Raised at the start of the iteration after ``max_iterations``: the code has shown its
+    steady state; the rest of it need not run."""
+
+
+class NeedsRealValues(BaseException):
+    """Fake tensors cannot go on: the code needs tensor values. A BaseException so that a
+    user's ``except Exception`` cannot swallow it."""
+
+    def __init__(self, op: str, reason: str, where: str = ""):
+        super().__init__(op, reason, where)
+        self.op, self.reason, self.where = op, reason, where
+
+
+_NO_CUDA_MESSAGES = ("not compiled with CUDA", "not linked with support for cuda", "no NVIDIA driver",
+                     "hasPrimaryContext", "CUDA driver", "cuda runtime", "ATen_cuda", "CUDA build")
+
+
+def needs_real_gpu(e: BaseException, mode: str) -> UnsupportedOpError | None:
+    """A failure of this machine's missing GPU rather than of the user's code: name the
+    torch function the user's code called that needs it."""
+    msg = str(e)
+    if not isinstance(e, (RuntimeError, AssertionError)) or not any(m.lower() in msg.lower() for m in _NO_CUDA_MESSAGES):
+        return None
+    op, where = "a CUDA-only call", ""
+    tb = e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_user_file(code.co_filename):
+            where = f"{code.co_filename}:{tb.tb_lineno}"
+        elif where:
+            module = tb.tb_frame.f_globals.get("__name__", "")
+            op = f"{module}.{code.co_name}" if module else code.co_name
+            break
+        tb = tb.tb_next
+    return UnsupportedOpError(op, mode, msg.splitlines()[0] if msg else "", where,
+                              hint="it needs a real GPU, which the virtual device does not emulate; "
+                              "remove the call from the traced code")

@@ -1,0 +1,120 @@
+"""Whose code a frame is: the user's, or torch's / xmem's / the standard library's.
+
+The tracer labels each allocation with the innermost user frame (``file:line``), and shows
+the user tracebacks that start in their own code: xmem's frames (and torch's below the
+tracer's modes) are machinery the user did not write. Everything that decides which frames
+count as the user's lives here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import traceback
+import types
+from typing import Any, Callable
+
+import torch
+
+XMEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # xmem_engine/
+TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_LIB_DIRS = (TORCH_DIR, XMEM_DIR) + tuple(
+    p + os.sep for p in {sysconfig.get_paths().get("stdlib", ""), sysconfig.get_paths().get("platstdlib", "")} if p
+)
+_IS_USER: dict[str, bool] = {}
+
+
+def is_user_file(filename: str) -> bool:
+    r = _IS_USER.get(filename)
+    if r is None:
+        r = not (filename.startswith(_LIB_DIRS) or filename.startswith("<frozen") or "site-packages" in filename)
+        _IS_USER[filename] = r
+    return r
+
+
+_OP_NAMES: dict[Any, str] = {}
+
+
+def op_name(func: Any) -> str:
+    """``str(func)`` ("aten.mm.default"), remembered: OpOverload builds it on every call."""
+    name = _OP_NAMES.get(func)
+    if name is None:
+        name = _OP_NAMES[func] = str(func)
+    return name
+
+
+def user_frame(depth: int = 2) -> str:
+    """``file:line`` of the innermost frame of user code (not torch, not xmem, not stdlib)."""
+    f: types.FrameType | None = sys._getframe(depth)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if is_user_file(fn):
+            return f"{fn}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
+def run_user_code(code: Any, scratch: dict | None) -> None:
+    """The one frame between the tracer and the user's code (tracebacks start after it)."""
+    if scratch is not None:
+        exec(code, scratch)
+    else:
+        code()
+
+
+_ENTRY_CODES: set[types.CodeType] = {run_user_code.__code__}
+
+
+def trim_traceback(e: BaseException) -> bool:
+    """Show the user's code, not the tracer: the traceback starts where the user's code was
+    entered (the frame after :func:`run_user_code`), and when the error was raised inside
+    torch below one of the tracer's modes it ends where the user's (or a library's) code
+    called into the tracer - as on a GPU, where the op raises from C++. An error raised by
+    the tracer's own code keeps its frames. False if the error did not come from user code."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not run_user_code.__code__:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    start = tb.tb_next
+    if start is None:
+        return True
+    e.__traceback__ = start
+    frames = []
+    t = start
+    while t is not None:
+        frames.append(t)
+        t = t.tb_next
+    if frames[-1].tb_frame.f_code.co_filename.startswith(TORCH_DIR):
+        for prev, cur in zip(frames, frames[1:]):
+            if cur.tb_frame.f_code.co_filename.startswith(XMEM_DIR):
+                prev.tb_next = None
+                break
+    return True
+
+
+def entry_point(fn: Callable) -> Callable:
+    """Mark ``fn`` as a public entry of the tracer: :func:`strip_to_user_code` drops it and
+    every frame above it (the CLI's, the notebook's)."""
+    _ENTRY_CODES.add(fn.__code__)
+    return fn
+
+
+def strip_to_user_code(e: BaseException) -> BaseException:
+    """Start ``e``'s traceback at the user's code: after the innermost tracer entry point
+    (or :func:`run_user_code`) that it passed through. The one place that decides which
+    frames a user sees; the CLI and the notebook both show tracebacks through it."""
+    t = e.__traceback__
+    while t is not None:
+        if t.tb_frame.f_code in _ENTRY_CODES and t.tb_next is not None:
+            e.__traceback__ = t.tb_next
+            break
+        t = t.tb_next
+    return e
+
+
+def user_traceback_lines(e: BaseException) -> list[str]:
+    """The traceback of an exception re-raised by the tracer, from the user's code on."""
+    strip_to_user_code(e)
+    return traceback.format_exception(type(e), e, e.__traceback__)

@@ -1,0 +1,179 @@
+"""The patches that make torch behave, on the CPU, as it does on a GPU (or as tracing needs).
+
+Each is applied with :func:`patched_attr` (or a context manager of its own) for the duration
+of a trace only, and undone exactly: an attribute the class inherited stays inherited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from typing import Any, Callable, Iterator
+
+import torch
+
+
+@contextlib.contextmanager
+def patched_attr(obj: Any, name: str, value: Any) -> Iterator[None]:
+    """Set ``obj.name = value`` for the duration; put back exactly what was there (an
+    inherited attribute stays inherited). The one way xmem patches torch."""
+    had = name in vars(obj)
+    old = vars(obj).get(name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(obj, name, old)
+        else:
+            with contextlib.suppress(AttributeError):
+                delattr(obj, name)
+
+
+def restore_default_device(device: torch.device) -> None:
+    if torch.get_default_device() != device:
+        torch.set_default_device(device if device.type != "cpu" else None)
+
+
+@contextlib.contextmanager
+def logger_level(name: str, level: int) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    old = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+@contextlib.contextmanager
+def mkldnn_disabled() -> Iterator[None]:
+    was = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(was)
+
+
+@contextlib.contextmanager
+def appended(items: list, item: Any) -> Iterator[None]:
+    added = item not in items
+    if added:
+        items.append(item)
+    try:
+        yield
+    finally:
+        if added and item in items:
+            items.remove(item)
+
+
+def module_apply(self: torch.nn.Module, fn: Callable, recurse: bool = True) -> torch.nn.Module:
+    """``nn.Module._apply`` with the CPU semantics (rebind ``param.data``) for fake tensors too.
+
+    PyTorch swaps fake parameters with ``torch.utils.swap_tensors``, which refuses tensors
+    that carry weakrefs (fake tensors do); a module moved to the virtual GPU keeps its
+    Parameter objects, as it does on a real GPU.
+    """
+    fake_type = loaded_fake_tensor_type()
+
+    def same_kind(a: torch.Tensor, b: torch.Tensor) -> bool:
+        if not torch._has_compatible_shallow_copy_type(a, b):
+            return False
+        return fake_type is None or isinstance(a, fake_type) == isinstance(b, fake_type)
+
+    if recurse:
+        for module in self.children():
+            module._apply(fn)
+    for key, param in self._parameters.items():
+        if param is None:
+            continue
+        with torch.no_grad():
+            applied = fn(param)
+        grad = param.grad
+        if applied is not param:
+            if same_kind(param, applied):
+                param.data = applied
+                out = param
+            else:
+                out = torch.nn.Parameter(applied, param.requires_grad)
+                self._parameters[key] = out
+        else:
+            out = param
+        if grad is not None:
+            with torch.no_grad():
+                grad_applied = fn(grad)
+            if grad_applied is not grad:
+                if same_kind(grad, grad_applied) and out is param:
+                    out.grad.data = grad_applied  # type: ignore[union-attr]
+                else:
+                    out.grad = grad_applied.requires_grad_(grad.requires_grad)
+    for key, buf in self._buffers.items():
+        if buf is not None:
+            self._buffers[key] = fn(buf)
+    return self
+
+
+def in_process_iterator(loader: Any) -> Any:
+    """``DataLoader._get_iterator`` with ``num_workers=0`` whatever was asked."""
+    from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
+    workers = loader.num_workers
+    loader.num_workers = 0
+    try:
+        return _SingleProcessDataLoaderIter(loader)
+    finally:
+        loader.num_workers = workers
+
+
+def eager_compile(model: Any = None, **kwargs: Any) -> Any:
+    """``torch.compile`` under the tracer: the model (or function) itself, run eagerly."""
+    if model is None:
+        return lambda m: m
+    return model
+
+
+def fake_parameter_new(fake_mode: Any) -> Callable:
+    """Fake mode: every ``nn.Parameter`` holds a fake tensor, whatever its size, so that model
+    weights never take host memory and keep their identity when moved to the GPU."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    orig_new = torch.nn.Parameter.__new__
+
+    def __new__(cls: type, data: torch.Tensor | None = None, requires_grad: bool = True) -> torch.Tensor:
+        if isinstance(data, torch.Tensor) and not isinstance(data, FakeTensor):
+            with _disable_current_modes():
+                data = fake_mode.from_tensor(data)
+        return orig_new(cls, data, requires_grad)
+
+    return __new__
+
+
+INIT_FUNCTIONS = (
+    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
+)
+
+
+def skip_init(orig: Callable) -> Callable:
+    """Fake mode: weight initialisers leave fake tensors as they are - values do not matter
+    for memory, and some initialisers read values (``trunc_normal_`` loops on ``mask.any()``)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def init(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if isinstance(tensor, FakeTensor):
+            return tensor
+        return orig(tensor, *args, **kwargs)
+
+    init.__name__ = orig.__name__
+    init.__doc__ = orig.__doc__
+    init.__wrapped__ = orig  # type: ignore[attr-defined]
+    return init
+
+
+def loaded_fake_tensor_type() -> type | None:
+    """FakeTensor if fake tensors are in use (importing them costs seconds: torch._dynamo)."""
+    mod = sys.modules.get("torch._subclasses.fake_tensor")
+    return getattr(mod, "FakeTensor", None) if mod is not None else None

@@ -1,0 +1,298 @@
+"""Entry point of the tracing wing: :func:`trace` runs user code and returns a :class:`Trace`.
+
+It builds a :class:`Tracer`, installs everything that makes the virtual device
+(:func:`recording`), runs the code once or twice (``auto``: fake, then real if fake mode
+cannot go on), and leaves the user's namespace and objects as they were (see
+``tracing/__init__.py``, "What persists in a namespace").
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import gc
+import linecache
+import logging
+import time
+import types
+import warnings
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import torch.utils.data
+
+from xmem_engine.gpus.cuda_libraries import runs_convolutions
+from xmem_engine.trace import Trace
+from xmem_engine.tracing.alloc_mode import AllocMode
+from xmem_engine.tracing.device_mode import DeviceMode, fake_device_property
+from xmem_engine.tracing.errors import NeedsRealValues, StopTracing, UnsupportedOpError, needs_real_gpu
+from xmem_engine.tracing.frames import entry_point, run_user_code, trim_traceback
+from xmem_engine.tracing.patches import (
+    INIT_FUNCTIONS,
+    appended,
+    eager_compile,
+    fake_parameter_new,
+    in_process_iterator,
+    logger_level,
+    mkldnn_disabled,
+    module_apply,
+    patched_attr,
+    restore_default_device,
+    skip_init,
+)
+from xmem_engine.tracing.scope import MODES, Mode
+from xmem_engine.tracing.shadow_values import Shadows
+from xmem_engine.tracing.tracer import Tracer
+from xmem_engine.tracing.user_state import UserState
+from xmem_engine.tracing.virtual_cuda import patched_cuda
+
+
+@entry_point
+def trace(
+    code: Callable[[], Any] | str | types.CodeType,
+    namespace: dict | None = None,
+    *,
+    mode: str = "auto",
+    allocator: Any = None,
+    device: dict | None = None,
+    filename: str = "<cell>",
+    setup: Iterable[Callable[[Tracer], Any]] = (),
+    max_iterations: int | None = None,
+) -> Trace:
+    """Run ``code`` (a no-argument callable, or source text / a compiled code object executed
+    in a copy of ``namespace``) as if on a CUDA GPU; return the trace of its GPU memory requests.
+
+    ``mode``: "fake" (FakeTensorMode), "real" (real CPU tensors) or "auto" (fake, then real
+    if the code needs tensor values; ``trace.meta["fallback"]`` says why). ``allocator``:
+    the simulated caching allocator that answers ``torch.cuda.memory_*`` (a fresh
+    ``CachingAllocator`` if None). ``device``: the target GPU's properties (see
+    ``virtual_cuda.DEFAULT_DEVICE``). ``setup``: callables given the :class:`Tracer` before
+    the code runs (to add op hooks or events); ``sys.exit(0)`` in the code ends it normally.
+    ``max_iterations``: stop the code when
+    iteration ``max_iterations`` would start (``trace.meta["stopped"]`` is then True): a
+    long training loop costs only the iterations that show its steady state.
+
+    ``trace.meta``: ``device`` (the target GPU's name), ``iterations`` (how many started),
+    ``stopped`` (``max_iterations`` cut the code short), ``fallback`` (auto mode only: why
+    fake mode gave way to real mode). Tracing patches process-wide torch attributes for its
+    duration: do not run other torch code in other threads meanwhile. Exceptions of the user's code propagate
+    unchanged, with the traceback starting at the user's code.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if max_iterations is not None and max_iterations < 1:
+        raise ValueError(f"max_iterations must be at least 1, not {max_iterations}")
+    if isinstance(code, str):
+        compiled = compile(code, filename, "exec", dont_inherit=True)
+        if filename.startswith("<"):
+            linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        code = compiled
+    elif not isinstance(code, types.CodeType) and not callable(code):
+        raise TypeError(f"code must be a callable or source text, not {type(code).__name__}")
+    try:
+        return _trace_modes(code, namespace, mode, allocator, device, setup, max_iterations)
+    except BaseException as e:
+        if not trim_traceback(e):
+            raise
+        unsupported = needs_real_gpu(e, mode)
+        if unsupported is not None:
+            raise unsupported from e
+        raise e  # the user's exception, its traceback starting at the user's code
+
+
+def _trace_modes(code: Any, namespace: dict | None, mode: str, allocator: Any, device: dict | None,
+                 setup: Iterable[Callable[[Tracer], Any]], max_iterations: int | None) -> Trace:
+    setup = list(setup)
+    attempts = [Mode.FAKE, Mode.REAL] if mode == Mode.AUTO else [Mode(mode)]
+    fallback = ""
+    for attempt in attempts:
+        try:
+            tr = _trace_once(code, namespace, attempt, allocator, device, setup, max_iterations)
+        except NeedsRealValues as e:
+            if attempt == Mode.FAKE and mode == Mode.AUTO:
+                at = f" at {e.where}" if e.where else ""
+                fallback = f"fake mode cannot run {e.op}{at} ({e.reason}); traced in real mode"
+                if allocator is not None:  # the aborted attempt's blocks are back; forget its peaks
+                    allocator.reset_peak_stats()
+                    getattr(allocator, "reset_accumulated_stats", lambda: None)()
+                continue
+            raise UnsupportedOpError(e.op, attempt, e.reason, e.where) from None
+        if fallback:
+            tr.meta["fallback"] = fallback
+        return tr
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _user_roots(code: Any, namespace: dict | None) -> list[Any]:
+    """The objects traced code can reach that belong to the user."""
+    roots: list[Any] = []
+    if namespace is not None:
+        roots.extend(v for k, v in namespace.items() if not k.startswith("__"))
+    fn = code
+    if isinstance(code, types.MethodType):
+        roots.append(code.__self__)
+        fn = code.__func__
+    if isinstance(fn, types.FunctionType):
+        g = fn.__globals__
+        roots.extend(g[n] for n in fn.__code__.co_names if n in g)
+        roots.extend(c.cell_contents for c in (fn.__closure__ or ()) if _cell_has(c))
+        roots.extend(fn.__defaults__ or ())
+    elif callable(code) and not isinstance(code, types.CodeType):
+        roots.append(code)
+    return roots
+
+
+def _cell_has(c: types.CellType) -> bool:
+    try:
+        c.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+_NO = object()
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _is_plain(v: Any, depth: int = 0) -> bool:
+    if type(v) in _PLAIN:
+        return True
+    if depth > 4:
+        return False
+    if type(v) in (list, tuple, set, frozenset):
+        return len(v) <= 100_000 and all(_is_plain(x, depth + 1) for x in v)
+    if type(v) is dict:
+        return len(v) <= 100_000 and all(_is_plain(k, depth + 1) and _is_plain(x, depth + 1) for k, x in v.items())
+    return False
+
+
+def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, device: dict | None,
+                setup: list[Callable[[Tracer], Any]], max_iterations: int | None) -> Trace:
+    tracer = Tracer(mode, allocator, device, max_iterations)
+    for fn in setup:
+        fn(tracer)
+    is_source = isinstance(code, types.CodeType)
+    scratch: dict | None = None
+    if is_source:
+        scratch = dict(namespace or {})
+        scratch.setdefault("__name__", "__main__")
+        scratch.setdefault("__builtins__", builtins)
+    state = UserState.capture(_user_roots(code, namespace))
+    tracer.user_state = state
+    persist: dict[str, Any] = {}
+    start = time.perf_counter()
+    ok = False
+    # Objects that exist now cannot become garbage of the traced code: leave them out of
+    # the collections (torch's own modules make a full collection cost a quarter second).
+    gc.freeze()
+    try:
+        with recording(tracer):
+            for label_src in (namespace or {}, getattr(code, "__globals__", {}) or {}):
+                for k, v in label_src.items():
+                    if isinstance(v, torch.nn.Module):
+                        tracer.register_root(v, k)
+                    elif isinstance(v, torch.optim.Optimizer):
+                        tracer.register_optimizer(v)
+            if scratch is not None:
+                for k, v in scratch.items():
+                    if isinstance(v, torch.nn.Module):
+                        tracer.register_root(v, k)
+            try:
+                run_user_code(code, scratch)
+            except StopTracing:
+                pass
+            except SystemExit as e:  # ``sys.exit(main())`` at the end of a script
+                if e.code not in (None, 0):
+                    raise
+            if scratch is not None:
+                _classify_leftovers(tracer, scratch.values())
+                persist = {
+                    k: v for k, v in scratch.items()
+                    if not k.startswith("__") and _is_plain(v) and (namespace is None or namespace.get(k, _NO) is not v)
+                }
+                scratch.clear()
+                scratch = None
+            gc.collect()
+        ok = True
+    finally:
+        gc.unfreeze()
+        seconds = time.perf_counter() - start
+        if not ok:
+            tracer.release_all()
+            scratch = None
+        state.restore()
+    if namespace is not None:
+        namespace.update(persist)
+    events = tracer.finish()
+    props = tracer.vc.props
+    meta = {"device": props.name, "compute_capability": [props.major, props.minor],
+            "iterations": tracer.iteration + 1, "stopped": tracer.stopped,
+            "convolutions": runs_convolutions(events)}  # read on every GPU switch: found once
+    if tracer.sdpa_calls:
+        meta["sdpa_calls"] = tracer.sdpa_calls  # their backend was chosen for this capability
+    return Trace(events=events, mode=mode, seconds=seconds, meta=meta)
+
+
+
+def _classify_leftovers(tracer: Tracer, values: Iterable[Any]) -> None:
+    """Name and classify what the code leaves behind (a model built but never run)."""
+    for v in values:
+        if isinstance(v, torch.nn.Module):
+            tracer.classify_modules([v])
+        elif isinstance(v, torch.optim.Optimizer):
+            tracer.classify_optimizer(v)
+
+
+@contextlib.contextmanager
+def recording(tracer: Tracer) -> Iterator[Tracer]:
+    """Everything that makes the virtual device and the recording work, undone on exit: the
+    virtual ``torch.cuda``, the patches, the tracer's hooks, and the two modes."""
+    import torch.optim.optimizer as optim_mod
+
+    with contextlib.ExitStack() as stack:
+        stack.callback(tracer.close)
+        stack.enter_context(patched_cuda(tracer.vc))
+        # torch warns about what is missing on this machine, not on the target GPU.
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="PyTorch was compiled without cuDNN")
+        warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true but no accelerator")
+        # oneDNN kernels are a CPU choice (e.g. the LSTM's mkldnn_rnn_layer allocates a
+        # workspace of its own); without them real CPU execution takes the same generic
+        # paths as fake tensors.
+        stack.enter_context(mkldnn_disabled())
+        stack.enter_context(patched_attr(torch.nn.Module, "_apply", module_apply))
+        # Worker processes would run the dataset outside the tracer's control (and fork
+        # its modes): load in-process. torch.compile runs the code eagerly.
+        stack.enter_context(patched_attr(torch.utils.data.DataLoader, "_get_iterator", in_process_iterator))
+        stack.enter_context(patched_attr(torch, "compile", eager_compile))
+        if tracer.fake:
+            # Fake parameters take the same optimizer implementation as real ones on a
+            # GPU (foreach by default): torch checks ``type(p) in _foreach_supported_types``.
+            import torch.utils._foreach_utils as foreach_utils
+            from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+            for types_list in (optim_mod._foreach_supported_types, foreach_utils._foreach_supported_types):
+                stack.enter_context(appended(types_list, FakeTensor))
+            for name in INIT_FUNCTIONS:
+                orig = getattr(torch.nn.init, name, None)
+                if orig is not None:
+                    stack.enter_context(patched_attr(torch.nn.init, name, skip_init(orig)))
+        stack.enter_context(tracer.hooks())
+        if tracer.fake:
+            # FakeTensorMode logs every failing meta kernel (a user's shape error) with a
+            # traceback of its own; the error itself reaches the user's code.
+            stack.enter_context(logger_level("torch._subclasses.fake_tensor", logging.CRITICAL))
+            fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            tracer.fake_mode = fake_mode
+            tracer.shadows = Shadows()
+            stack.enter_context(patched_attr(torch.nn.Parameter, "__new__", fake_parameter_new(fake_mode)))
+        stack.enter_context(AllocMode(tracer))
+        device_mode = DeviceMode(tracer)
+        if tracer.fake:
+            stack.enter_context(patched_attr(FakeTensor, "device", fake_device_property(tracer, device_mode)))
+        stack.enter_context(device_mode)
+        # ``torch.set_default_device("cuda")`` in user code leaves a DeviceContext on the
+        # mode stack: take it off while ours is still there (DeviceContext re-pushes the
+        # modes above it when it leaves).
+        stack.callback(restore_default_device, torch.get_default_device())
+        yield tracer

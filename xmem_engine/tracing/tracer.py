@@ -1,0 +1,493 @@
+"""The Tracer: the record of one run of user code on the virtual GPU.
+
+It holds what the run has done so far: the live GPU storages (each an ``alloc`` event and
+the simulated allocator's block), the events in order, the module running, the phase and
+the iteration. The modes (``alloc_mode.py``, ``device_mode.py``) tell it about storages
+and calls; its own hooks (:meth:`Tracer.hooks`) tell it about modules, optimizers and
+tensors saved for backward. ``run.py`` puts it all together; see ``tracing/__init__.py``
+for how tracing works as a whole.
+
+Categories and phases
+---------------------
+Autograd's saved-tensor hooks tell which storages are saved for backward (``activation``);
+parameters, buffers, gradients and optimizer state are recognised from the modules and
+optimizers the code uses, and a storage's category only moves up (``_RANK``), so the last
+word is the most specific one. ``forward`` starts at the forward pre-hook of a top-level
+module (one called while no other module runs) and lasts until a backward starts;
+``backward`` lasts while ``Tensor.backward`` / ``torch.autograd.backward`` /
+``torch.autograd.grad`` run; ``optimizer`` while ``Optimizer.step`` runs; everything else is
+``other``. Iteration 0 starts at the first top-level forward; a new iteration starts at the
+first top-level forward after an optimizer step (with gradient accumulation, an iteration
+holds all the micro-batches of one step), or, while the code has created no optimizer, at
+the first top-level forward after a backward. Events before the first forward (model
+construction, ``.to("cuda")``) carry iteration -1.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from xmem_engine.simulation.allocator import CachingAllocator
+from xmem_engine.trace import ALLOC, EMPTY_CACHE, FREE, ITERATION, PHASE, RECORD_STREAM, RESET_PEAK, Category, Phase, TraceEvent
+from xmem_engine.tracing.errors import StopTracing
+from xmem_engine.tracing.frames import op_name, user_frame
+from xmem_engine.tracing.patches import patched_attr
+from xmem_engine.tracing.scope import CallScope
+from xmem_engine.tracing.shadow_values import Shadows
+from xmem_engine.tracing.user_state import UserState
+from xmem_engine.tracing.virtual_cuda import VirtualCuda, VirtualStream
+
+_NO_SEQUENCE_NR = 2**63  # AccumulateGrad and other nodes outside the forward's numbering
+
+# Category precedence: a storage's category only moves up (a parameter stays a parameter
+# even when it is also saved for backward).
+_RANK = {
+    Category.OTHER: 0,
+    Category.TEMPORARY: 1,
+    Category.ACTIVATION: 2,
+    Category.WORKSPACE: 3,
+    Category.INPUT: 3,
+    Category.GRADIENT: 5,
+    Category.OPTIMIZER_STATE: 5,
+    Category.PARAMETER: 6,
+    Category.BUFFER: 6,
+}
+
+
+@dataclass(slots=True)
+class Live:
+    event: TraceEvent | None  # None for zero-byte storages (no device allocation)
+    block: Any
+    ref: weakref.ref
+    nbytes: int
+
+
+def tensors_in(x: Any) -> Iterator[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            if isinstance(y, torch.Tensor):
+                yield y
+            elif isinstance(y, (list, tuple)):
+                yield from tensors_in(y)
+
+
+class Tracer:
+    """Records one run of user code. Use :func:`trace` / :func:`trace_script` rather than this."""
+
+    def __init__(self, mode: str, allocator: Any = None, device: dict | None = None,
+                 max_iterations: int | None = None):
+        if mode not in ("fake", "real"):
+            raise ValueError(f"mode must be 'fake' or 'real', not {mode!r}")
+        self.vc = VirtualCuda(self, device)
+        if allocator is None:
+            # No capacity: the trace records every request; whether it fits is decided
+            # downstream. device_total lets set_per_process_memory_fraction work.
+            allocator = CachingAllocator(device_total=self.vc.props.total_memory)
+        self.mode = mode
+        self.fake = mode == "fake"
+        # fake mode: real values of small GPU tensors whose contents are known (shadow_values.py)
+        self.shadows: Shadows | None = None
+        self.allocator = allocator
+        self.events: list[TraceEvent] = []
+        self.live: dict[int, Live] = {}
+        self.phase = Phase.OTHER
+        self.iteration = -1
+        self.max_iterations = max_iterations
+        self.stopped = False
+        self.op_hooks: list[Callable[["Tracer", Any, tuple, dict, Any], None]] = []
+        self.sdpa_calls = 0  # attention calls whose CUDA backend sdpa.py chose for this GPU
+        self._next_id = 0
+        self._param_module: dict[int, str] = {}  # id(parameter) -> path of the module owning it
+        self._module_stack: list[str] = []
+        self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._roots: weakref.WeakSet = weakref.WeakSet()
+        self._optimizers: weakref.WeakSet = weakref.WeakSet()
+        self._root_labels: dict[int, str] = {}
+        # Module of each autograd node, by sequence number: the innermost module running
+        # when sequence numbers from _seq_bounds[i] on were handed out is _seq_paths[i].
+        self._seq_bounds: list[int] = []
+        self._seq_paths: list[str] = []
+        self._backward_depth = 0
+        self._stepped = False
+        self._backward_done = False
+        self.scope = CallScope()  # the torch call now running (scope.py)
+        self._busy = 0
+        self._pending_frees: list[int] = []
+        self._closed = False
+        self._extra_blocks: dict[int, Any] = {}
+        self.fake_mode: Any = None  # the FakeTensorMode, in fake mode
+        self.user_state: UserState | None = None  # copy-on-write of the user's tensors
+
+        def tensor_record_stream(t: torch.Tensor, stream: VirtualStream) -> None:
+            if not isinstance(stream, VirtualStream):
+                raise TypeError(f"record_stream() expects a torch.cuda.Stream, got {type(stream).__name__}")
+            self.record_stream(t, stream)
+
+        self._tensor_record_stream = tensor_record_stream  # type: ignore[assignment]
+
+    # ------------------------------------------------------------------ public hooks
+    def add_event(self, event: TraceEvent) -> TraceEvent:
+        """Append an event made by other code (e.g. a library workspace). ``alloc`` events get
+        a fresh id and go through the allocator; ``free`` events release such an id."""
+        if event.kind == ALLOC:
+            event.id = self._new_id()
+            if not event.phase:
+                event.phase = self.phase
+            event.iteration = self.iteration
+            self._extra_blocks[event.id] = self.allocator.malloc(event.bytes, event.stream)
+        elif event.kind == FREE and event.id in self._extra_blocks:
+            self.allocator.free(self._extra_blocks.pop(event.id))
+        self.events.append(event)
+        return event
+
+    def register_root(self, module: torch.nn.Module, label: str) -> None:
+        """Name a top-level module (its own ops are labelled ``label``)."""
+        self._root_labels[id(module)] = label
+
+    # ------------------------------------------------------------------ state
+    def _new_id(self) -> int:
+        i = self._next_id
+        self._next_id += 1
+        return i
+
+    def is_gpu(self, t: torch.Tensor) -> bool:
+        return t.untyped_storage()._cdata in self.live
+
+    def current_module(self) -> str:
+        if self._module_stack:
+            return self._module_stack[-1]
+        if self._backward_depth:
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                i = bisect.bisect_right(self._seq_bounds, node._sequence_nr()) - 1
+                if i >= 0 and node._sequence_nr() < _NO_SEQUENCE_NR:
+                    return self._seq_paths[i]
+        return ""
+
+    def set_phase(self, phase: Phase) -> None:
+        if phase != self.phase:
+            self.phase = phase
+            self.events.append(TraceEvent(PHASE, phase=phase, iteration=self.iteration))
+
+    def _new_iteration(self) -> None:
+        if self.max_iterations is not None and self.iteration + 1 >= self.max_iterations:
+            self.stopped = True
+            raise StopTracing()
+        self.iteration += 1
+        self._stepped = self._backward_done = False
+        self.events.append(TraceEvent(ITERATION, iteration=self.iteration, phase=self.phase))
+
+    def _upgrade(self, t: torch.Tensor | None, category: Category, module: str = "") -> None:
+        if t is None:
+            return
+        rec = self.live.get(t.untyped_storage()._cdata)
+        if rec is None or rec.event is None:
+            return
+        if _RANK[category] > _RANK[rec.event.category]:
+            rec.event.category = category
+        if module and not rec.event.module:
+            # Parameters, their gradients and optimizer state belong to the module that owns
+            # the parameter (they are often made outside any forward pass, e.g. by .cuda()).
+            rec.event.module = module
+
+    def classify_modules(self, modules: Iterable[torch.nn.Module]) -> None:
+        for m in modules:
+            for name, p in m.named_parameters():
+                owner = name.rpartition(".")[0]
+                self._param_module[id(p)] = owner
+                self._upgrade(p, Category.PARAMETER, owner)
+                self._upgrade(p.grad, Category.GRADIENT, owner)
+            for name, b in m.named_buffers():
+                self._upgrade(b, Category.BUFFER, name.rpartition(".")[0])
+
+    def classify_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        for g in opt.param_groups:
+            for p in g["params"]:
+                owner = self._param_module.get(id(p), "")
+                self._upgrade(p, Category.PARAMETER, owner)
+                self._upgrade(p.grad, Category.GRADIENT, owner)
+        for p, s in opt.state.items():
+            if isinstance(s, dict):
+                owner = self._param_module.get(id(p), "")
+                for v in s.values():
+                    if isinstance(v, torch.Tensor):
+                        self._upgrade(v, Category.OPTIMIZER_STATE, owner)
+
+    # ------------------------------------------------------------------ allocations
+    def on_new_storage(self, func: Any, t: torch.Tensor, st: torch.UntypedStorage, key: int, nbytes: int) -> None:
+        self._busy += 1
+        try:
+            ev = None
+            block = None
+            if nbytes > 0:
+                if self.scope.explicit and not self._module_stack and self.phase in (Phase.OTHER, Phase.FORWARD):
+                    category = Category.INPUT
+                elif self.phase == Phase.OTHER:
+                    category = Category.OTHER
+                else:
+                    category = Category.TEMPORARY
+                ev = TraceEvent(
+                    ALLOC,
+                    id=self._new_id(),
+                    bytes=nbytes,
+                    stream=self.vc.current_stream.stream_id,
+                    category=category,
+                    op=op_name(func),
+                    module=self.current_module(),
+                    phase=self.phase,
+                    dtype=str(t.dtype).removeprefix("torch."),
+                    shape=tuple(t.shape),
+                    source=user_frame(4),
+                    iteration=self.iteration,
+                )
+                try:
+                    block = self.allocator.malloc(nbytes, ev.stream)
+                except RuntimeError as e:  # the simulated device is full (capacity / memory fraction)
+                    if type(e).__name__ != "OutOfMemoryError":
+                        raise
+                    raise torch.OutOfMemoryError(f"CUDA out of memory (simulated by xmem). {e}") from None
+                self.events.append(ev)
+            self.live[key] = Live(ev, block, weakref.ref(st, self._storage_died(key)), nbytes)
+        finally:
+            self._busy -= 1
+            if self._pending_frees and not self._busy:
+                self._drain()
+
+    def _storage_died(self, key: int) -> Callable[[weakref.ref], None]:
+        def cb(_ref: weakref.ref) -> None:
+            if self._closed:
+                return
+            if self._busy:
+                self._pending_frees.append(key)
+            else:
+                self._free(key)
+
+        return cb
+
+    def _drain(self) -> None:
+        pending, self._pending_frees = self._pending_frees, []
+        for key in pending:
+            self._free(key)
+
+    def _free(self, key: int) -> None:
+        rec = self.live.pop(key, None)
+        if rec is None or rec.event is None:
+            return
+        a = rec.event
+        self.events.append(
+            TraceEvent(FREE, id=a.id, bytes=a.bytes, stream=a.stream, category=a.category, op=a.op,
+                       module=self.current_module(), phase=self.phase, dtype=a.dtype, shape=a.shape,
+                       iteration=self.iteration)
+        )
+        self._busy += 1
+        try:
+            self.allocator.free(rec.block)
+        finally:
+            self._busy -= 1
+        if self._pending_frees and not self._busy:
+            self._drain()
+
+    def on_resized(self, func: Any, t: torch.Tensor, st: torch.UntypedStorage, key: int, nbytes: int) -> None:
+        """``resize_`` / ``set_`` grew a GPU storage: a new block replaces the old one."""
+        old = self.live.pop(key)
+        old.ref = None  # type: ignore[assignment]
+        if old.event is not None:
+            self.live[key] = old
+            self._free(key)
+        self.on_new_storage(func, t, st, key, nbytes)
+
+    def record_stream(self, t: torch.Tensor, stream: VirtualStream) -> None:
+        rec = self.live.get(t.untyped_storage()._cdata)
+        if rec is None or rec.event is None:
+            return
+        self.events.append(
+            TraceEvent(RECORD_STREAM, id=rec.event.id, bytes=rec.event.bytes, stream=rec.event.stream,
+                       streams=(stream.stream_id,), phase=self.phase, iteration=self.iteration)
+        )
+        self.allocator.record_stream(rec.block, stream.stream_id)
+
+    def empty_cache(self) -> None:
+        self.events.append(TraceEvent(EMPTY_CACHE, phase=self.phase, iteration=self.iteration))
+        self.allocator.empty_cache()
+
+    def reset_peak(self) -> None:
+        self.events.append(TraceEvent(RESET_PEAK, phase=self.phase, iteration=self.iteration))
+        self.allocator.reset_peak_stats()
+
+    def release_all(self) -> None:
+        """Hand every still-live block back to the allocator (after an aborted attempt)."""
+        self._closed = True
+        for rec in self.live.values():
+            if rec.block is not None:
+                self.allocator.free(rec.block)
+        for block in self._extra_blocks.values():
+            self.allocator.free(block)
+        self.live.clear()
+        self._extra_blocks.clear()
+
+    # ------------------------------------------------------------------ placement rule
+    def factory_on_gpu(self) -> bool:
+        """Where an op without tensor inputs puts its result: on the GPU in backward, or when
+        the enclosing torch function was called with GPU tensors (library code asking
+        ``x.device`` inside it sees the real CPU device)."""
+        if self._backward_depth:
+            return True
+        scope = self.scope
+        if scope.gpu_args is None:
+            scope.gpu_args = False
+            if scope.args:
+                for x in scope.args:
+                    for t in tensors_in(x):
+                        if t.untyped_storage()._cdata in self.live:
+                            scope.gpu_args = True
+                            return True
+        return scope.gpu_args
+
+    @contextlib.contextmanager
+    def call_scope(self, **changes: Any) -> Iterator[CallScope]:
+        """Run a torch call in a scope of its own: ``changes`` (``target``, ``explicit``,
+        ``args``) replace the fields of the enclosing scope, which comes back on exit. For
+        code that runs kernels on the tracer's behalf (``sdpa.py``): a factory inside the
+        scope follows the device of ``args``."""
+        saved = self.scope
+        if "args" in changes:
+            changes.setdefault("gpu_args", None)
+        self.scope = dataclasses.replace(saved, **changes)
+        try:
+            yield self.scope
+        finally:
+            self.scope = saved
+
+    def register_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        """An optimizer the code uses (iterations then run from optimizer step to step)."""
+        self._optimizers.add(opt)
+
+    # ------------------------------------------------------------------ hooks
+    def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if not self._module_stack and not self._backward_depth and self.phase != Phase.OPTIMIZER:
+            self._root_forward(module)
+        name = self._names.get(module)
+        self._module_stack.append(name if name is not None else type(module).__name__)
+        self._mark_module_seq()
+
+    def _forward_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        if self._module_stack:
+            self._module_stack.pop()
+            self._mark_module_seq()
+
+    def _mark_module_seq(self) -> None:
+        if self._backward_depth or not torch.is_grad_enabled():
+            return  # no nodes (no_grad), or a recomputation in backward whose nodes die in it
+        seq = torch.autograd._get_sequence_nr()
+        path = self._module_stack[-1] if self._module_stack else ""
+        if self._seq_bounds and self._seq_bounds[-1] == seq:
+            self._seq_paths[-1] = path
+        else:
+            self._seq_bounds.append(seq)
+            self._seq_paths.append(path)
+
+    def _root_forward(self, module: torch.nn.Module) -> None:
+        if module not in self._names:
+            label = self._root_labels.get(id(module), type(module).__name__)
+            for name, m in module.named_modules():
+                if m not in self._names:
+                    self._names[m] = name or label
+            self._roots.add(module)
+        if self.iteration < 0 or self._stepped or (self._backward_done and not self._optimizers):
+            self._new_iteration()
+        self.set_phase(Phase.FORWARD)
+        self.classify_modules([module])
+
+    def _optimizer_init(self) -> Callable[..., None]:
+        """``Optimizer.__init__`` that tells the tracer an optimizer exists (iterations then
+        run from optimizer step to optimizer step, also under gradient accumulation)."""
+        orig = torch.optim.Optimizer.__init__
+        optimizers = self._optimizers
+
+        def __init__(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+            orig(opt, *args, **kwargs)
+            optimizers.add(opt)
+
+        return __init__
+
+    def _optimizer_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._optimizers.add(opt)
+        self.set_phase(Phase.OPTIMIZER)
+        self.classify_optimizer(opt)
+
+    def _optimizer_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.classify_optimizer(opt)
+        self._stepped = True
+        self.set_phase(Phase.OTHER)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.phase == Phase.FORWARD:
+            self._upgrade(t, Category.ACTIVATION)
+        return t
+
+    @contextlib.contextmanager
+    def backward_phase(self) -> Iterator[None]:
+        self._backward_depth += 1
+        self.set_phase(Phase.BACKWARD)
+        try:
+            yield
+        finally:
+            self._backward_depth -= 1
+            if not self._backward_depth:
+                self.classify_modules(list(self._roots))
+                for opt in list(self._optimizers):
+                    self.classify_optimizer(opt)
+                self._seq_bounds.clear()
+                self._seq_paths.clear()
+                self._backward_done = True
+                self.set_phase(Phase.OTHER)
+
+    # ------------------------------------------------------------------ recording
+    @contextlib.contextmanager
+    def hooks(self) -> Iterator["Tracer"]:
+        """The tracer's own hooks into torch (modules, optimizers, autograd's saved tensors,
+        ``record_stream``), removed on exit. The modes and patches that make the virtual
+        device are installed around them by ``run.recording``."""
+        import torch.nn.modules.module as module_mod
+        import torch.optim.optimizer as optim_mod
+
+        with contextlib.ExitStack() as stack:
+            # Tensor.record_stream parses its argument as a C++ Stream before any mode sees it.
+            stack.enter_context(patched_attr(torch.Tensor, "record_stream", self._tensor_record_stream))
+            stack.enter_context(module_mod.register_module_forward_pre_hook(self._forward_pre))
+            stack.enter_context(module_mod.register_module_forward_hook(self._forward_post, always_call=True))
+            stack.enter_context(patched_attr(torch.optim.Optimizer, "__init__", self._optimizer_init()))
+            stack.enter_context(optim_mod.register_optimizer_step_pre_hook(self._optimizer_pre))
+            stack.enter_context(optim_mod.register_optimizer_step_post_hook(self._optimizer_post))
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack))
+            yield self
+
+    def close(self) -> None:
+        """The run is over: frees still pending are recorded, later ones are not."""
+        if self._pending_frees and not self._busy:
+            self._drain()
+        self._closed = True
+        self._module_stack.clear()
+
+    def finish(self) -> list[TraceEvent]:
+        """Give every free event the final category of its allocation."""
+        allocs = {e.id: e for e in self.events if e.kind == ALLOC}
+        for e in self.events:
+            if e.kind == FREE:
+                a = allocs.get(e.id)
+                if a is not None:
+                    e.category = a.category
+        return self.events
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
