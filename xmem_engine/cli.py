@@ -10,12 +10,46 @@ import argparse
 import contextlib
 import json
 import sys
+from typing import Iterator
+
+from xmem_engine.trace import MODES
 
 EXIT_OK, EXIT_USER_CODE, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
 
 
 class InputError(Exception):
     """Bad input from the user (a file, a flag, a config string): exit code 2."""
+
+
+class ScriptFailed(Exception):
+    """The user's script failed while traced; what to tell them is already printed: exit code 1."""
+
+
+@contextlib.contextmanager
+def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
+    """The one place that turns a traced script's failures into messages and exit codes:
+    a bad ``--set`` is bad input; an op the mode cannot run is xmem's message; the script's
+    own exception shows its traceback (from the user's code on); its ``sys.exit(n != 0)``
+    is a failure with that status."""
+    from xmem_engine.simulation.alloc_conf import AllocConfError
+    from xmem_engine.tracing import OverrideError, UnsupportedOpError, user_traceback_lines
+
+    try:
+        yield
+    except (OverrideError, AllocConfError) as e:
+        raise InputError(str(e)) from None
+    except (InputError, ScriptFailed):
+        raise
+    except UnsupportedOpError as e:
+        print(f"xmem {command}: {e}", file=sys.stderr)
+        raise ScriptFailed() from None
+    except Exception as e:  # the user's code failed: show its traceback, not ours
+        print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
+        print(f"xmem {command}: {script} raised {type(e).__name__} (mode {mode})", file=sys.stderr)
+        raise ScriptFailed() from None
+    except SystemExit as e:
+        print(f"xmem {command}: {script} exited with status {e.code}", file=sys.stderr)
+        raise ScriptFailed() from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"xmem {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except ScriptFailed:
+        return EXIT_USER_CODE
 
 
 def _alloc_conf(text: str | None):
@@ -198,7 +234,7 @@ def _add_trace(sub) -> None:
         "auto tries fake and falls back to real.",
     )
     p.add_argument("script", help="a training script written for CUDA")
-    p.add_argument("--mode", choices=["auto", "fake", "real"], default="auto")
+    p.add_argument("--mode", choices=MODES, default="auto")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="VAR=VALUE",
                    help="override a top-level assignment of the script, e.g. --set batch_size=64 (repeatable)")
     p.add_argument("--events", required=True, metavar="FILE", help="where to write the trace (JSON lines)")
@@ -210,31 +246,15 @@ def _add_trace(sub) -> None:
 def _cmd_trace(args) -> int:
     import os
 
-    from xmem_engine.tracing import OverrideError, parse_overrides, trace_script
-    from xmem_engine.tracing import UnsupportedOpError, user_traceback_lines
+    from xmem_engine.tracing import parse_overrides, trace_script
 
     if not os.path.isfile(args.script):
         raise InputError(f"no such script: {args.script}")
     if args.max_iterations is not None and args.max_iterations < 1:
         raise InputError(f"--max-iterations must be at least 1, not {args.max_iterations}")
-    try:
+    with _running_script("trace", args.script, args.mode):
         tr = trace_script(args.script, mode=args.mode, overrides=parse_overrides(args.overrides),
                           max_iterations=args.max_iterations)
-    except OverrideError as e:
-        raise InputError(str(e)) from None
-    except UnsupportedOpError as e:
-        print(f"xmem trace: {e}", file=sys.stderr)
-        return EXIT_USER_CODE
-    except SyntaxError as e:
-        print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
-        return EXIT_USER_CODE
-    except Exception as e:  # the user's code failed: show its traceback, not ours
-        print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
-        print(f"xmem trace: {args.script} raised {type(e).__name__} (mode {args.mode})", file=sys.stderr)
-        return EXIT_USER_CODE
-    except SystemExit as e:
-        print(f"xmem trace: {args.script} exited with status {e.code}", file=sys.stderr)
-        return EXIT_USER_CODE
     try:
         tr.write_jsonl(args.events)
     except OSError as e:
@@ -260,7 +280,7 @@ def _add_estimate(sub) -> None:
     p.add_argument("--gpu", default=None, help="target GPU (see `xmem gpus`); default: $XMEM_GPU or A100-SXM4-40GB")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="VAR=VALUE",
                    help="override a top-level assignment of the script, e.g. --set batch_size=64 (repeatable)")
-    p.add_argument("--mode", choices=["auto", "fake", "real"], default="auto")
+    p.add_argument("--mode", choices=MODES, default="auto")
     p.add_argument("--alloc-conf", metavar="STR", help="PYTORCH_CUDA_ALLOC_CONF for the GPU run")
     p.add_argument("--iterations", type=int, metavar="N",
                    help="trace only the first N training iterations (the peak is usually reached by the 2nd)")
@@ -281,11 +301,9 @@ def _add_estimate(sub) -> None:
 def _cmd_estimate(args) -> int:
     import os
 
-    from xmem_engine.simulation.alloc_conf import AllocConfError
     from xmem_engine.estimate import DEFAULT_GPU, estimate_script, max_batch, resolve_gpu
     from xmem_engine.gpus import GPUCatalogError, UnknownGPUError
     from xmem_engine.tracing import OverrideError, parse_overrides
-    from xmem_engine.tracing import UnsupportedOpError, user_traceback_lines
 
     if not os.path.isfile(args.script):
         raise InputError(f"no such script: {args.script}")
@@ -305,7 +323,7 @@ def _cmd_estimate(args) -> int:
     # With --json, stdout carries one JSON object: the script's own prints go to stderr.
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     best = 0
-    try:
+    with _running_script("estimate", args.script, args.mode):
         with quiet:
             if args.max_batch:
                 from xmem_engine.tracing import top_level_value
@@ -317,17 +335,6 @@ def _cmd_estimate(args) -> int:
                 best, est = max_batch(lambda v: run({**overrides, args.max_batch: str(v)}), start=start)
             else:
                 est = run(overrides)
-    except (OverrideError, AllocConfError) as e:
-        raise InputError(str(e)) from None
-    except UnsupportedOpError as e:
-        print(f"xmem estimate: {e}", file=sys.stderr)
-        return EXIT_USER_CODE
-    except InputError:
-        raise
-    except Exception as e:  # the user's script failed: show its traceback, not ours
-        print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
-        print(f"xmem estimate: {args.script} raised {type(e).__name__} (mode {args.mode})", file=sys.stderr)
-        return EXIT_USER_CODE
 
     if args.min_memory and est is not None and est.trace is not None:
         from xmem_engine.estimate import minimum_memory

@@ -72,6 +72,14 @@ class Phase(Word):
     OTHER = "other"
 
 
+class Mode(Word):
+    """How the GPU side of the user's code runs."""
+
+    AUTO = "auto"  # fake, then real if the code needs tensor values
+    FAKE = "fake"  # FakeTensorMode: shapes and dtypes only, no host memory
+    REAL = "real"  # real CPU tensors
+
+
 ALLOC = EventKind.ALLOC
 FREE = EventKind.FREE
 RECORD_STREAM = EventKind.RECORD_STREAM
@@ -84,6 +92,7 @@ EVENT_KINDS = tuple(k.value for k in EventKind)
 MARKER_KINDS = (ITERATION.value, PHASE.value, EMPTY_CACHE.value, RESET_PEAK.value)
 CATEGORIES = tuple(c.value for c in Category)
 PHASES = tuple(p.value for p in Phase)
+MODES = tuple(m.value for m in Mode)
 
 
 @dataclass(slots=True)

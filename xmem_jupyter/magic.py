@@ -15,6 +15,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from xmem_engine.gpus import UnknownGPUError, get_gpu, load_catalog
+from xmem_engine.trace import MODES
+from xmem_engine.tracing import strip_to_user_code
 
 from xmem_jupyter.batching import BatchSpecError, current_batch, default_batch_values, parse_batch_values
 from xmem_jupyter.cellcode import cell_filename
@@ -22,20 +24,6 @@ from xmem_jupyter.config import Config
 from xmem_jupyter.progress import Progress, TracerProbe
 from xmem_jupyter.report import one_line, report_bundle
 from xmem_jupyter.session import Session
-
-MODES = ("auto", "fake", "real")
-
-
-def _hide_internal_frames(e: BaseException, filename: str) -> BaseException:
-    """Start the traceback at the user's cell, not in xmem or IPython."""
-    tb = e.__traceback__
-    t = tb
-    while t is not None and t.tb_frame.f_code.co_filename != filename:
-        t = t.tb_next
-    if t is not None:
-        e.__traceback__ = t
-    return e
-
 
 @magics_class
 class XmemMagics(Magics):
@@ -183,7 +171,7 @@ class XmemMagics(Magics):
             except KeyboardInterrupt:
                 raise KeyboardInterrupt("xmem: tracing interrupted; the namespace is as it was") from None
             except Exception as e:
-                raise _hide_internal_frames(e, session.filename) from None
+                raise strip_to_user_code(e) from None  # the cell's frames, not xmem's or IPython's
             finally:
                 if not had_loop_var:
                     ns.pop("_xmem_iteration", None)

@@ -80,7 +80,8 @@ Where things are
 from xmem_engine.tracing.errors import TracerError, UnsupportedOpError
 from xmem_engine.tracing.frames import strip_to_user_code, user_traceback_lines
 from xmem_engine.tracing.run import trace
-from xmem_engine.tracing.scope import MODES, Device, Mode
+from xmem_engine.trace import MODES, Mode
+from xmem_engine.tracing.scope import Device
 from xmem_engine.tracing.script import OverrideError, parse_overrides, top_level_value, trace_script
 from xmem_engine.tracing.tracer import Tracer
 

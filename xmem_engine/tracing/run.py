@@ -22,7 +22,7 @@ import torch
 import torch.utils.data
 
 from xmem_engine.gpus.cuda_libraries import runs_convolutions
-from xmem_engine.trace import Trace
+from xmem_engine.trace import MODES, Mode, Trace
 from xmem_engine.tracing.alloc_mode import AllocMode
 from xmem_engine.tracing.device_mode import DeviceMode, fake_device_property
 from xmem_engine.tracing.errors import NeedsRealValues, StopTracing, UnsupportedOpError, needs_real_gpu
@@ -40,7 +40,6 @@ from xmem_engine.tracing.patches import (
     restore_default_device,
     skip_init,
 )
-from xmem_engine.tracing.scope import MODES, Mode
 from xmem_engine.tracing.shadow_values import Shadows
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.user_state import UserState

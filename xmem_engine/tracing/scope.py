@@ -1,5 +1,5 @@
-"""The tracer's vocabulary for *where* and *how*: trace modes, device kinds, and the scope of
-the torch call that is running.
+"""The tracer's vocabulary for *where*: device kinds, and the scope of the torch call that is
+running.
 
 A torch function called by user code decides where the storages its aten ops make live: on
 the virtual GPU or on the host. The device mode opens a :class:`CallScope` for each call
@@ -16,17 +16,6 @@ from dataclasses import dataclass
 import torch
 
 from xmem_engine.trace import Word
-
-
-class Mode(Word):
-    """How the GPU side of the user's code runs."""
-
-    AUTO = "auto"  # fake, then real if the code needs tensor values
-    FAKE = "fake"  # FakeTensorMode: shapes and dtypes only, no host memory
-    REAL = "real"  # real CPU tensors
-
-
-MODES = tuple(m.value for m in Mode)
 
 
 class Device(Word):
