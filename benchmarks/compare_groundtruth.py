@@ -59,7 +59,6 @@ def first_divergence(predicted: list[tuple[int, str, str]], recorded: list[tuple
 
 
 def compare_record(rec: dict, base_dir: Path, gpu_name: str | None = None) -> Comparison:
-    from xmem_engine.gpus.cuda_libraries import adapt_trace
     from xmem_engine.estimate import estimate_script, resolve_gpu
 
     env = rec.get("env") or {}
@@ -78,8 +77,7 @@ def compare_record(rec: dict, base_dir: Path, gpu_name: str | None = None) -> Co
     except Exception as e:  # recorded per run; the comparison goes on
         message = " ".join(f"{type(e).__name__}: {e}".split())
         return Comparison(name, env.get("gpu_name", "?"), 0, 0, 0, 0, 0, None, "", message)
-    events, _ = adapt_trace(est.trace, gpu, est.torch_version)
-    predicted = [(e.bytes, e.op, e.module) for e in events if e.kind == "alloc"]
+    predicted = [(e.bytes, e.op, e.module) for e in est.simulated_events or [] if e.kind == "alloc"]
     recorded: list[tuple[int, str]] = []
     try:
         snap = load_snapshot(rec, base_dir=base_dir)

@@ -28,7 +28,7 @@ from xmem_engine.simulation.alloc_conf import AllocatorConfig, parse_alloc_conf
 from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.gpus import GPU, get_gpu, load_catalog
 from xmem_engine.simulation.simulate import SimulationResult, simulate
-from xmem_engine.trace import Trace
+from xmem_engine.trace import Trace, TraceEvent
 
 REPORT_MIME = "application/vnd.xmem.report+json"
 REPORT_VERSION = 1
@@ -77,6 +77,37 @@ class Estimate:
     allocator_limit_bytes: int = 0  # what cudaMalloc could get: capacity - context - libraries
     min_device_bytes: int | None = None  # least device memory it runs in (minimum_memory); None: not asked
     trace: Trace | None = field(default=None, repr=False, compare=False)
+    # What the simulation read: the GPU's catalog entry, and the trace's events as a CUDA
+    # run on that GPU makes them (library workspaces added): the timeline's x axis.
+    target: GPU | None = field(default=None, repr=False, compare=False)
+    simulated_events: list[TraceEvent] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def headline(self) -> str:
+        """The one-sentence verdict every view shows (the CLI, the widget, the saved report):
+        "Peak 3.21 GiB of 7.75 GiB on NVIDIA GeForce RTX 4060 — fits (headroom 4.54 GiB)"."""
+        head = f"Peak {_gib(self.peak_device_bytes)} of {_gib(self.capacity_bytes)} on {self.gpu_name}"
+        if self.fits:
+            return f"{head} — fits (headroom {_gib(self.headroom_bytes)})"
+        if self.headroom_bytes < 0:
+            return f"{head} — does not fit (short by {_gib(-self.headroom_bytes)})"
+        return f"{head} — does not fit (the simulated run runs out of memory)"
+
+    @property
+    def headline_detail(self) -> str:
+        """What the peak is made of, one line under the headline."""
+        return (f"CUDA context {_gib(self.context_bytes)} + libraries {_gib(self.outside_allocator_bytes)} + "
+                f"allocator reserved {_gib(self.peak_reserved_bytes)} "
+                f"(allocated {_gib(self.peak_allocated_bytes)} at the peak)")
+
+    def resimulate(self, gpu: str | GPU | None = None, alloc_conf: str | AllocatorConfig | None = None) -> "Estimate":
+        """The same trace on another GPU or allocator setting (default: this estimate's):
+        milliseconds, no re-tracing. What a GPU switch in the widget calls."""
+        if self.trace is None:
+            raise ValueError("this estimate carries no trace to re-simulate")
+        return estimate_trace(self.trace, gpu if gpu is not None else (self.target or self.gpu),
+                              alloc_conf if alloc_conf is not None else self.alloc_conf,
+                              torch_version=self.torch_version)
 
     def to_json(self) -> dict:
         """Everything but the trace itself, as JSON-ready data (the ``--json`` output)."""
@@ -105,6 +136,8 @@ class Estimate:
             "top_tensors": self.top_tensors,
             "notes": self.notes,
             "min_device_bytes": self.min_device_bytes,
+            "headline": self.headline,
+            "headline_detail": self.headline_detail,
         }
 
     def to_report(self, max_points: int = 2000) -> dict:
@@ -129,16 +162,7 @@ class Estimate:
     def summary(self) -> str:
         """A few readable lines (the CLI's default output)."""
         gib = 1 << 30
-        verdict = "fits" if self.fits else "DOES NOT FIT"
-        head = "headroom" if self.headroom_bytes >= 0 else "short by"
-        lines = [
-            f"{self.gpu_name} ({self.capacity_bytes / gib:.2f} GiB usable): {verdict}, "
-            f"{head} {abs(self.headroom_bytes) / gib:.2f} GiB",
-            f"  peak device memory {self.peak_device_bytes / gib:.2f} GiB = CUDA context "
-            f"{self.context_bytes / gib:.2f} + libraries {self.outside_allocator_bytes / gib:.2f} + "
-            f"allocator reserved {self.peak_reserved_bytes / gib:.2f} GiB "
-            f"(allocated {self.peak_allocated_bytes / gib:.2f} GiB at the peak)",
-        ]
+        lines = [self.headline, f"  {self.headline_detail}"]
         if self.min_device_bytes is not None:
             lines.append(f"  runs in as little as {self.min_device_bytes / gib:.2f} GiB: under a tighter cap "
                          "the allocator frees its cache and retries, with no margin for variation")
@@ -148,6 +172,11 @@ class Estimate:
         lines.append(f"  traced in {self.mode} mode, {self.n_events:,} events, {self.seconds:.1f} s")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+def _gib(n: int) -> str:
+    """Bytes as GiB with two decimals: the headline's one unit."""
+    return f"{n / (1 << 30):.2f} GiB"
 
 
 def _peak_index(tl: Timeline) -> int:
@@ -306,6 +335,8 @@ def estimate_trace(
         + ([str(tr.meta["fallback"])] if tr.meta.get("fallback") else []),
         allocator_limit_bytes=limit,
         trace=tr,
+        target=target,
+        simulated_events=events,
     )
 
 
@@ -384,12 +415,9 @@ def max_batch(
 def _replay_inputs(est: Estimate, alloc_conf: str | AllocatorConfig | None) -> tuple[list, AllocatorConfig]:
     """What re-simulating ``est`` needs: its trace as run on its GPU, and the allocator
     settings (``alloc_conf``, else the estimate's own)."""
-    from xmem_engine.gpus.cuda_libraries import adapt_trace
-
-    if est.trace is None:
+    if est.simulated_events is None:
         raise ValueError("this estimate carries no trace to re-simulate")
-    events, _ = adapt_trace(est.trace, resolve_gpu(est.gpu), est.torch_version)
-    return events, _config(alloc_conf if alloc_conf is not None else est.alloc_conf)
+    return est.simulated_events, _config(alloc_conf if alloc_conf is not None else est.alloc_conf)
 
 
 SEGMENT_GRANULE = 2 << 20  # cudaMalloc sizes the allocator asks for are multiples of 2 MiB

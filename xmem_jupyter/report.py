@@ -20,14 +20,11 @@ STYLE = ("font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13
 
 
 def verdict_html(est: Estimate) -> str:
-    """The headline: peak device memory against the GPU's capacity, and what it is made of."""
-    ok = est.fits
-    colour = "#1a7f37" if ok else "#cf222e"
-    word = "fits" if ok else "does not fit"
-    head = (f"headroom {human(est.headroom_bytes)}" if est.headroom_bytes >= 0
-            else f"short by {human(-est.headroom_bytes)}")
+    """The headline (``Estimate.headline``, the words every view shows), a bar of what the
+    peak is made of against the GPU's capacity, and the split in words."""
+    colour = "#1a7f37" if est.fits else "#cf222e"
+    mark = "&#10004;" if est.fits else "&#10008;"
     cached = max(0, est.reserved_at_peak_bytes - est.peak_allocated_bytes)
-    pct = 100.0 * est.peak_device_bytes / est.capacity_bytes if est.capacity_bytes else 0.0
     bar = _bar([("CUDA context", est.context_bytes, "#6e7781"),
                 ("libraries", est.outside_allocator_bytes, "#a0a0a0"),
                 ("allocated", est.peak_allocated_bytes, "#0969da"),
@@ -37,14 +34,11 @@ def verdict_html(est: Estimate) -> str:
            if est.oom else "")
     return (
         f"<div class='xmem-headline' style='{STYLE}'>"
-        f"<div style='font-size:16px'><b>{escape(est.gpu_name)}</b>: peak "
-        f"<b class='xmem-peak'>{human(est.peak_device_bytes)}</b> of {human(est.capacity_bytes)} "
-        f"({pct:.1f}%) &mdash; <b style='color:{colour}' class='xmem-verdict'>{word}</b>, {head}</div>"
+        f"<div style='font-size:16px'><b style='color:{colour}' class='xmem-verdict'>{mark}</b> "
+        f"<span class='xmem-headline-text'>{escape(est.headline)}</span></div>"
         f"{bar}{oom}"
-        f"<div>CUDA context {human(est.context_bytes)} + libraries {human(est.outside_allocator_bytes)} + "
-        f"allocator reserved {human(est.peak_reserved_bytes)} (allocated {human(est.peak_allocated_bytes)} "
-        f"at the peak; {human(cached)} of the reserved memory is cached but unused then: fragmentation "
-        f"and cache)</div></div>"
+        f"<div>{escape(est.headline_detail)}; {human(cached)} of the reserved memory is cached but unused "
+        f"then: fragmentation and cache</div></div>"
     )
 
 

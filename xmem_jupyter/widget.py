@@ -50,17 +50,6 @@ class SwitchTiming:
     update_s: float = 0.0
 
 
-def adapted_events(est: Estimate) -> list:
-    """The trace's events as simulated on ``est``'s GPU: the x axis of the estimate's timeline."""
-    from xmem_engine.gpus.cuda_libraries import adapt_trace
-    from xmem_engine.gpus import get_gpu
-
-    if est.trace is None:
-        return []
-    events, _ = adapt_trace(est.trace, get_gpu(est.gpu), est.torch_version)
-    return events
-
-
 class XmemWidget(widgets.VBox):
     """The widget for one estimate. ``session`` (from the magic) enables re-tracing for
     other batch sizes; without it the widget shows ``est`` and re-simulates its trace."""
@@ -144,19 +133,15 @@ class XmemWidget(widgets.VBox):
             if self.session is not None:
                 self._cache[key] = self.session.estimate(batch, gpu, conf)
             else:
-                from xmem_engine.estimate import estimate_trace
-
-                self._cache[key] = estimate_trace(self.est.trace, gpu, conf)
+                self._cache[key] = self.est.resimulate(gpu, conf)
         return self._cache[key]
 
     def _flame_for(self, est: Estimate) -> FlameData:
         """The flame chart changes only with the trace and the workspace size (per GPU)."""
-        from xmem_engine.gpus import get_gpu
-
-        key = (id(est.trace), get_gpu(est.gpu).cublas_workspace_bytes)
+        key = (id(est.trace), est.target.cublas_workspace_bytes if est.target else est.gpu)
         if key != self._flame_key or not hasattr(self, "flame"):
             self._flame_key = key
-            return build_flame(adapted_events(est))
+            return build_flame(est.simulated_events or [])
         return self.flame
 
     # ----------------------------------------------------------------- redraw

@@ -52,6 +52,10 @@ export interface Report {
   fits: boolean;
   headroom_bytes: number;
   oom: boolean;
+  /** The verdict sentence as xmem wrote it (absent in reports of older xmem versions). */
+  headline?: string;
+  /** What the peak is made of, as xmem wrote it. */
+  headline_detail?: string;
   reserved_at_peak_bytes?: number;
   mode?: string;
   seconds?: number;
@@ -112,24 +116,21 @@ function formatPercent(part: number, whole: number): string {
   return p > 0 && p < 0.1 ? '<0.1%' : `${p.toFixed(1)}%`;
 }
 
-/** "Peak 3.21 GiB of 7.75 GiB on NVIDIA GeForce RTX 4060 — fits (headroom 4.54 GiB)". */
+/**
+ * The verdict sentence. xmem writes it once (`Estimate.headline`, in Python) and carries it
+ * in the report, so the CLI, the widget and this renderer show the same words; a report
+ * saved by an older xmem, which lacks it, gets the bare verdict.
+ */
 export function headlineText(r: Report): string {
-  const head = `Peak ${formatGiB(r.peak_device_bytes)} of ${formatGiB(r.capacity_bytes)} on ${r.gpu_name}`;
-  if (r.fits) {
-    return `${head} — fits (headroom ${formatGiB(r.headroom_bytes)})`;
-  }
-  if (r.headroom_bytes < 0) {
-    return `${head} — does not fit (short by ${formatGiB(-r.headroom_bytes)})`;
-  }
-  return `${head} — does not fit (the simulated run runs out of memory)`;
+  return r.headline ?? `${r.gpu_name}: ${r.fits ? 'fits' : 'does not fit'}`;
 }
 
-/** "CUDA context 0.42 GiB + libraries 0.00 GiB + allocator reserved 0.20 GiB (allocated 0.17 GiB at the peak)". */
+/** What the peak is made of (`Estimate.headline_detail`), or the numbers in the largest unit. */
 export function splitText(r: Report): string {
   return (
-    `CUDA context ${formatGiB(r.context_bytes)} + libraries ${formatGiB(r.outside_allocator_bytes)}` +
-    ` + allocator reserved ${formatGiB(r.peak_reserved_bytes)}` +
-    ` (allocated ${formatGiB(r.peak_allocated_bytes)} at the peak)`
+    r.headline_detail ??
+    `CUDA context ${formatBytes(r.context_bytes)} + libraries ${formatBytes(r.outside_allocator_bytes)}` +
+      ` + allocator reserved ${formatBytes(r.peak_reserved_bytes)}`
   );
 }
 
@@ -292,6 +293,8 @@ export function parseReport(data: unknown): ParseResult {
     fits: data.fits as boolean,
     headroom_bytes: num('headroom_bytes'),
     oom: data.oom === true,
+    headline: typeof data.headline === 'string' ? data.headline : undefined,
+    headline_detail: typeof data.headline_detail === 'string' ? data.headline_detail : undefined,
     reserved_at_peak_bytes: optNum('reserved_at_peak_bytes'),
     mode: optStr('mode'),
     seconds: optNum('seconds'),

@@ -15,6 +15,7 @@ import {
   nearestSample,
   formatGiB,
   headlineText,
+  splitText,
   parseReport,
   peakIndex,
   renderReport,
@@ -72,13 +73,15 @@ describe('formatting', () => {
     assert.equal(formatBytes(-2 * 1024 ** 3), '-2.00 GiB');
   });
 
-  it('writes the headline for fits, short by, and out of memory', () => {
+  it('shows the headline xmem wrote, and a bare verdict for reports that carry none', () => {
     const r = parsed(example('mlp-rtx4060.json'));
     assert.equal(headlineText(r), 'Peak 0.62 GiB of 7.75 GiB on NVIDIA GeForce RTX 4060 — fits (headroom 7.13 GiB)');
-    const short = { ...r, fits: false, peak_device_bytes: 10 * 1024 ** 3, headroom_bytes: r.capacity_bytes - 10 * 1024 ** 3 };
-    assert.equal(headlineText(short), 'Peak 10.00 GiB of 7.75 GiB on NVIDIA GeForce RTX 4060 — does not fit (short by 2.25 GiB)');
-    const oom = { ...r, fits: false, oom: true };
-    assert.match(headlineText(oom), /— does not fit \(the simulated run runs out of memory\)$/);
+    const nofit = parsed(example('mlp-large-rtx4060-does-not-fit.json'));
+    assert.equal(headlineText(nofit), 'Peak 10.62 GiB of 7.75 GiB on NVIDIA GeForce RTX 4060 — does not fit (short by 2.88 GiB)');
+    const older = { ...r, headline: undefined, headline_detail: undefined };
+    assert.equal(headlineText(older), 'NVIDIA GeForce RTX 4060: fits');
+    assert.equal(headlineText({ ...older, fits: false }), 'NVIDIA GeForce RTX 4060: does not fit');
+    assert.match(splitText(older), /^CUDA context \d+\.\d\d MiB \+ libraries 0 B \+ allocator reserved 208\.00 MiB$/);
   });
 });
 
