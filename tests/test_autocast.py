@@ -400,11 +400,8 @@ if loss.item() > 0:
 
 # --------------------------------------------------------------------------- the model zoo
 def _amp_train_fn(name: str, dtype: torch.dtype, iters: int = 2):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from model_zoo import ZOO
+        
+    from tests.model_zoo import ZOO
 
     zm = ZOO[name]
 

@@ -3,7 +3,6 @@ import pickle
 import subprocess
 import sys
 
-import pytest
 
 from conftest import needs_shared_traces, TRACES
 from xmem_engine.cli import main

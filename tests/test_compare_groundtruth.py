@@ -1,12 +1,10 @@
 """benchmarks/compare_groundtruth.py: predicted vs recorded, from committed data, no GPU."""
 
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from benchmarks.compare_groundtruth import compare_record, first_divergence, table  # noqa: E402
+from benchmarks.compare_groundtruth import compare_record, first_divergence, table
 
 
 def test_first_divergence_names_the_request():

@@ -82,7 +82,9 @@ def test_gpu_switch_resimulates_without_retracing(mlp_estimate):
     assert h100.gpu == "H100-SXM-80GB" and h100.trace is mlp_estimate.trace
     # 2 x (32 MiB - 8,519,680 B) more workspace on Hopper
     assert h100.peak_allocated_bytes - mlp_estimate.peak_allocated_bytes == 2 * (32 * MiB - 8_519_680)
-    assert h100.simulate_seconds < 1.0
+    assert h100.trace_seconds == mlp_estimate.trace_seconds  # the same trace, not traced again
+    assert mlp_estimate.resimulate("h100").to_json() | {"seconds": 0, "simulate_seconds": 0} == \
+        h100.to_json() | {"seconds": 0, "simulate_seconds": 0}
 
 
 def test_does_not_fit_on_a_small_gpu():

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from xmem_engine.tracing import trace
 
-sys.path.insert(0, str(Path(__file__).parent))
-from model_zoo import TINY_LM  # noqa: E402
+from tests.model_zoo import TINY_LM
 
 MODES = ["fake", "real"]
 
@@ -197,7 +194,6 @@ def test_backward_allocations_match_the_engine_op_by_op(capsys):
     """benchmarks/backward_vs_engine.py on the small transformer: every op allocates as often
     under the tracer as in autograd run plainly; only the profiler's nested factories (and
     the 0-d seed gradient it leaves out) differ."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import backward_vs_engine
 
     assert backward_vs_engine.main(["tiny"]) == 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -78,12 +77,9 @@ def test_100k_tensors_stay_fast_and_small():
     from benchmarks.widget_speed import synthetic_trace
 
     tr: Trace = synthetic_trace(100_000)
-    t0 = time.perf_counter()
-    fl = build_flame(tr.events)
-    took = time.perf_counter() - t0
+    fl = build_flame(tr.events)  # how fast: benchmarks/widget_speed.py
     assert fl.n_tensors >= 99_000
     assert len(fl.columns["left"]) < 40_000  # what the browser draws
-    assert took < 10.0, took  # ~0.6 s on an idle 2-core machine
 
 
 def test_thin_keeps_peaks():

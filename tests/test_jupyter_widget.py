@@ -48,8 +48,9 @@ def _wait(widget: XmemWidget, timeout: float = 120.0) -> None:
     widget._busy.release()
 
 
-def test_gpu_switch_resimulates_fast_and_updates_everything(session):
+def test_gpu_switch_resimulates_and_updates_everything(session):
     est = session.estimate(32, "A100-SXM4-40GB")
+    first_trace = est.trace
     seen = []
     w = XmemWidget(est, session=session, on_change=seen.append)
     assert "A100" in w.headline.value and "fits" in w.headline.value
@@ -58,14 +59,12 @@ def test_gpu_switch_resimulates_fast_and_updates_everything(session):
     sent, states = [], []
     w.bokeh.send = lambda content, buffers=None: sent.append(content)  # what goes to the browser
     w.bokeh.send_state = lambda key=None: states.append(key)
-    t0 = time.perf_counter()
-    w.gpu_dropdown.value = "H100-SXM-80GB"
-    took = time.perf_counter() - t0
+    traces_before = dict(session.traces)
+    w.gpu_dropdown.value = "H100-SXM-80GB"  # how fast: benchmarks/widget_speed.py
     assert w.est.gpu == "H100-SXM-80GB" and "H100" in w.headline.value
     assert seen and seen[-1].gpu == "H100-SXM-80GB"
-    assert w.last_switch.simulate_s < 0.2, w.last_switch  # re-simulation, no re-tracing
-    assert took < 1.0
-    assert w.last_switch.update_s < 0.2, w.last_switch  # patches, not a whole new document
+    assert w.est.trace is first_trace  # re-simulation, no re-tracing
+    assert session.traces == traces_before
     assert any(m.get("msg") == "patch" for m in sent)
     assert json.dumps(w.bokeh.render_bundle) == bundle_before
     # a moment later the kernel's copy follows, quietly (a reloaded page draws this one)
@@ -103,9 +102,9 @@ def test_batch_slider_retraces_and_caches(session, threaded):
     assert w.batch == 64 and w.est.peak_allocated_bytes > peak32
     assert w.charts.flame_source.data["right"].max() == w.flame.x_end  # redrawn for the new trace
     assert 64 in session.traces
-    t0 = time.perf_counter()
+    traces_before = dict(session.traces)
     w.batch_slider.value = 32  # cached: no trace
-    assert time.perf_counter() - t0 < 2.0 and w.est.peak_allocated_bytes == peak32
+    assert session.traces == traces_before and w.est.peak_allocated_bytes == peak32
     assert session.namespace == ns_before == {"batch": 32, "_": 1}  # the slider never writes to the user's namespace
 
 

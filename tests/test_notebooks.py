@@ -8,7 +8,6 @@ claims in its own text (fits / does not fit, the largest batch, the allocator nu
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +21,6 @@ NOTEBOOKS = sorted((ROOT / "demo_notebooks").glob("*.ipynb"))
 REPORT_MIME = "application/vnd.xmem.report+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STATE_MIME = "application/vnd.jupyter.widget-state+json"
-BUDGET_S = 120  # the limit per notebook on this machine
 
 
 def _text(cell) -> str:
@@ -35,11 +33,9 @@ def _run(path: Path, tmp_path: Path):
         f"{path.name} is committed with outputs"
     client = nbclient.NotebookClient(nb, timeout=240, kernel_name="python3", store_widget_state=True,
                                      resources={"metadata": {"path": str(tmp_path)}})
-    t0 = time.perf_counter()
     client.execute()
-    took = time.perf_counter() - t0
     nbformat.write(nb, tmp_path / path.name)  # the executed copy, for a look when a check fails
-    return nb, took
+    return nb
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +51,7 @@ def executions(tmp_path_factory) -> dict[Path, Future]:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_demo_notebook_runs(path, executions):
-    nb, took = executions[path].result()
+    nb = executions[path].result()
     code = [c for c in nb.cells if c.cell_type == "code"]
     for c in code:
         errors = [o for o in c.outputs if o.output_type == "error"]
@@ -79,8 +75,6 @@ def test_demo_notebook_runs(path, executions):
                        for o in m["state"].get("outputs", []))]
     assert len(loaders) == 1, "one shared inline BokehJS loader"
     _claims(path.stem, nb, code)
-    # all four run at once here, so each gets a share of the cores: allow for it
-    assert took < BUDGET_S * 2, f"{path.name} took {took:.0f} s (budget {BUDGET_S} s alone on this machine)"
 
 
 def _claims(stem: str, nb, code) -> None:

@@ -1,12 +1,10 @@
 """benchmarks/paper_runs.py: the summary figures, from synthetic rows (no torchvision, no GPU)."""
 
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from benchmarks.paper_runs import Result, compare, repeats, table  # noqa: E402
+from benchmarks.paper_runs import Result, compare, repeats, table
 
 MiB = 1 << 20
 

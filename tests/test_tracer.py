@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
 import traceback
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +12,7 @@ from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.trace import Trace, TraceEvent
 from xmem_engine.tracing import Tracer, UnsupportedOpError, trace, user_traceback_lines
 
-sys.path.insert(0, str(Path(__file__).parent))
-from model_zoo import MLP, train_fn  # noqa: E402
+from tests.model_zoo import MLP, train_fn
 
 MODES = ["fake", "real"]
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
 from xmem_engine.tracing import trace
 
-sys.path.insert(0, str(Path(__file__).parent))
-from model_zoo import ZOO, train_fn  # noqa: E402
+from tests.model_zoo import ZOO, train_fn
 
 # The CPU's _embedding_bag kernel allocates offset2bag with one element more than the
 # CUDA kernel (and the fake/meta kernel, which follows CUDA); checked separately below.
