@@ -71,9 +71,10 @@ def test_every_entry_is_complete_and_sourced(catalog):
             assert (
                 source.startswith("estimated: ")
                 or "http" in source
-                or "search-index id" in source
                 or "xMem paper data" in source
             ), f"{key}.{field}: source names no document: {source!r}"
+            # A reader must be able to follow every source: no private index ids.
+            assert "search-index" not in source, f"{key}.{field}: unfollowable source: {source!r}"
 
 
 def test_total_memory_is_the_driver_figure_not_the_marketing_size(catalog):
