@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._snapshot_trim import WhereFinder, store_snapshot, trim_snapshot  # noqa: E402
-from benchmarks.script_overrides import literal_knobs, load_with_overrides  # noqa: E402
+from xmem_engine.overrides import as_set_text, parse_script, top_level_literals  # noqa: E402
 
 if TYPE_CHECKING:  # the probe imports torch; the orchestrator imports this module only for RecorderSpec
     from benchmarks._probe import Probe
@@ -80,8 +80,9 @@ def record_run(spec: RecorderSpec, probe: Probe) -> dict[str, Any]:
     mem: dict[str, Any] = {"used_before_init": before.value, "used_before_init_source": before.source}
     rec["device_memory"] = mem
     try:
-        tree = load_with_overrides(spec.script, spec.overrides)
-        rec["knobs"] = literal_knobs(tree)
+        # the same change as `xmem estimate --set` makes (compare_groundtruth.py estimates it)
+        tree = parse_script(spec.script, {k: as_set_text(v) for k, v in spec.overrides.items()})
+        rec["knobs"] = top_level_literals(tree)
         code = compile(tree, spec.script, "exec")
     except Exception as exc:
         rec["error"] = describe_error(exc, "overrides")

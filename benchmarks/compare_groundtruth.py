@@ -60,6 +60,7 @@ def first_divergence(predicted: list[tuple[int, str, str]], recorded: list[tuple
 
 def compare_record(rec: dict, base_dir: Path, gpu_name: str | None = None) -> Comparison:
     from xmem_engine.estimate import estimate_script, resolve_gpu
+    from xmem_engine.overrides import as_set_text
 
     env = rec.get("env") or {}
     name = rec.get("run", "?")
@@ -67,7 +68,7 @@ def compare_record(rec: dict, base_dir: Path, gpu_name: str | None = None) -> Co
     dev = rec.get("device_memory") or {}
     try:
         gpu = resolve_gpu(gpu_name or env.get("gpu_name") or "")
-        overrides = {k: repr(v) for k, v in (rec.get("overrides") or {}).items() if k != "device"}
+        overrides = {k: as_set_text(v) for k, v in (rec.get("overrides") or {}).items() if k != "device"}
         alloc_conf = (rec.get("env_vars") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or env.get("alloc_conf") or ""
         script = Path(rec["script"])
         if not script.is_absolute():

@@ -18,3 +18,43 @@ def recorded_traces() -> list[Path]:
 
 
 needs_shared_traces = pytest.mark.skipif(not recorded_traces(), reason="../shared/allocator-traces not present")
+
+
+# --------------------------------------------------------------------------- torch builds
+# CI runs the engine's tests on both ends of the supported PyTorch range (scripts/test_torch.sh),
+# the upper end on the default Linux wheel: a CUDA build of torch on a machine with no driver.
+# There, these known gaps fail; each is an open issue, and strict xfail makes the test fail
+# again the day the gap closes, so the marker is removed with the fix.
+def _cuda_build_gaps() -> dict[str, str]:
+    import torch
+
+    if torch.version.cuda is None:
+        return {}
+    rnn = ("a CUDA build runs nn.LSTM / nn.GRU as cuDNN's _cudnn_rnn, which the tracer does not "
+           "re-create yet (issue #14, cuDNN RNNs)")
+    gaps = {
+        "tests/test_autocast.py::test_the_policy_table_covers_what_the_running_torch_autocasts_on_cuda": rnn,
+        "tests/test_autocast.py::test_zoo_models_train_with_amp_alike_in_fake_and_real_mode[lstm]": rnn,
+        "tests/test_autocast.py::test_zoo_models_train_with_amp_alike_in_fake_and_real_mode[gru]": rnn,
+        "tests/test_tracer_zoo.py::test_fake_and_real_produce_the_same_allocations[lstm]": rnn,
+        "tests/test_tracer_zoo.py::test_fake_and_real_produce_the_same_allocations[gru]": rnn,
+        "tests/test_tracer.py::test_cuda_only_calls_are_named_with_the_line_and_nvtx_is_a_no_op":
+            "a CUDA build without a driver fails CUDA-only calls with the driver's message, not the "
+            "call's name (issues #14 and #16)",
+    }
+    from xmem_engine.tracing.sdpa import prefer_cudnn
+
+    if prefer_cudnn((9, 0)):  # the running torch has a cuDNN that SDPA prefers on sm90
+        cudnn = ("with this torch's cuDNN, SDPA prefers cuDNN attention on sm90 (as the tracer does); "
+                 "the expectations assume a CPU build's choice (issue #14)")
+        gaps["tests/test_sdpa.py::test_backend_choice_details"] = cudnn
+        gaps["tests/test_sdpa.py::test_backend_choice_follows_select_sdp_backend[H100-26]"] = cudnn
+    return gaps
+
+
+def pytest_collection_modifyitems(config, items):
+    gaps = _cuda_build_gaps()
+    for item in items:
+        reason = gaps.get(item.nodeid)
+        if reason:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=reason))

@@ -15,8 +15,8 @@ import pytest
 from benchmarks import gpu_groundtruth as gt
 from benchmarks._gpu_recorder import RecorderSpec, record_run
 from benchmarks._snapshot_trim import WhereFinder, load_snapshot, store_snapshot, trim_snapshot
-from benchmarks.script_overrides import (OverrideError, apply_overrides, compile_with_overrides,
-                                         parse_set_args, top_level_knobs)
+from xmem_engine.overrides import (OverrideError, apply_overrides, as_set_text, load_script, parse_script,
+                                   top_level_literals)
 from benchmarks.workloads import WORKLOADS, RunSpec, select
 
 SCRIPT = textwrap.dedent("""\
@@ -33,40 +33,46 @@ SCRIPT = textwrap.dedent("""\
 
 
 # --------------------------------------------------------------- overrides
-def test_override_replaces_value_and_keeps_line_numbers() -> None:
-    tree = apply_overrides(SCRIPT, {"batch_size": 2, "name": "y"}, "s.py")
+# A recording applies its overrides with xmem's own --set grammar (xmem_engine/overrides.py),
+# so the recorded run and compare_groundtruth.py's estimate of it make the same change.
+def test_override_replaces_value_and_keeps_line_numbers(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT)
+    tree = parse_script(script, {"batch_size": as_set_text(2), "name": as_set_text("y")})
     ns: dict = {}
-    exec(compile(tree, "s.py", "exec"), ns)
+    exec(compile(tree, str(script), "exec"), ns)
     assert ns["result"] == (2, "y")
     assert [n.lineno for n in tree.body][:3] == [1, 2, 3]
+    # the knobs a recording keeps: literal assignments (the last one wins), not expressions
+    assert top_level_literals(tree) == {"batch_size": 2, "name": "y", "dup": 2}
+
+
+@pytest.mark.parametrize("value", [64, 2.5e-4, None, True, "bfloat16", "2", "x y", (2, 3), "'quoted'"])
+def test_recorded_values_survive_the_set_grammar(tmp_path: Path, value) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("knob = 0\n")
+    ns: dict = {}
+    exec(load_script(script, {"knob": as_set_text(value)}), ns)
+    assert ns["knob"] == value and type(ns["knob"]) is type(value)
 
 
 @pytest.mark.parametrize("overrides, match", [
-    ({"nope": 1}, "no top-level assignment to 'nope'"),
-    ({"inner": 1}, "no top-level assignment to 'inner'"),
-    ({"math": 1}, "no top-level assignment to 'math'"),
-    ({"dup": 1}, "assigned 2 times"),
-    ({"a": 1}, "chained assignment"),
-    ({"batch_size": object()}, "not a Python literal"),
+    ({"nope": "1"}, "no top-level assignment to nope"),
+    ({"inner": "1"}, "no top-level assignment to inner"),
+    ({"math": "1"}, "no top-level assignment to math"),
+    ({"a": "1"}, "chained assignment"),
 ])
 def test_override_errors(overrides: dict, match: str) -> None:
+    import ast
+
     with pytest.raises(OverrideError, match=match):
-        apply_overrides(SCRIPT, overrides, "s.py")
+        apply_overrides(ast.parse(SCRIPT), overrides, "s.py")
 
 
 def test_every_run_override_names_a_knob() -> None:
     for run in WORKLOADS:
-        knobs = top_level_knobs(run.script.read_text())
         for dry in (False, True):
-            assert set(run.effective_overrides(dry)) <= set(knobs), run.name
-        compile_with_overrides(run.script, run.effective_overrides(True))
-
-
-def test_parse_set_args() -> None:
-    assert parse_set_args(["a=2", "b=None", "c=bfloat16", "d='x'", "e=True"]) == {
-        "a": 2, "b": None, "c": "bfloat16", "d": "x", "e": True}
-    with pytest.raises(OverrideError):
-        parse_set_args(["novalue"])
+            load_script(run.script, {k: as_set_text(v) for k, v in run.effective_overrides(dry).items()})
 
 
 def test_unknown_override_is_recorded_not_raised(tmp_path: Path) -> None:

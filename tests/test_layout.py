@@ -98,6 +98,7 @@ def test_no_import_cycles():
 FORBIDDEN = [
     ("xmem_engine", ("xmem_jupyter",)),
     ("xmem_engine.trace", ("xmem_engine.",)),  # the hand-off format depends on nothing
+    ("xmem_engine.overrides", ("xmem_engine.",)),  # the --set grammar: no torch, no tracer
     ("xmem_engine.simulation", ("xmem_engine.tracing", "xmem_engine.gpus", "xmem_engine.estimate",
                                 "xmem_engine.cli")),
     ("xmem_engine.gpus", ("xmem_engine.tracing", "xmem_engine.simulation", "xmem_engine.estimate",

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from xmem_engine.cli import main
-from xmem_engine.tracing import OverrideError, parse_overrides, trace_script
+from xmem_engine.overrides import OverrideError, parse_overrides
+from xmem_engine.tracing import trace_script
 
 SCRIPT = '''\
 import torch

@@ -32,7 +32,8 @@ def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
     own exception shows its traceback (from the user's code on); its ``sys.exit(n != 0)``
     is a failure with that status."""
     from xmem_engine.simulation.alloc_conf import AllocConfError
-    from xmem_engine.tracing import OverrideError, UnsupportedOpError, user_traceback_lines
+    from xmem_engine.overrides import OverrideError
+    from xmem_engine.tracing import UnsupportedOpError, user_traceback_lines
 
     try:
         yield
@@ -246,7 +247,8 @@ def _add_trace(sub) -> None:
 def _cmd_trace(args) -> int:
     import os
 
-    from xmem_engine.tracing import parse_overrides, trace_script
+    from xmem_engine.overrides import parse_overrides
+    from xmem_engine.tracing import trace_script
 
     if not os.path.isfile(args.script):
         raise InputError(f"no such script: {args.script}")
@@ -303,7 +305,7 @@ def _cmd_estimate(args) -> int:
 
     from xmem_engine.estimate import DEFAULT_GPU, estimate_script, max_batch, resolve_gpu
     from xmem_engine.gpus import GPUCatalogError, UnknownGPUError
-    from xmem_engine.tracing import OverrideError, parse_overrides
+    from xmem_engine.overrides import OverrideError, parse_overrides
 
     if not os.path.isfile(args.script):
         raise InputError(f"no such script: {args.script}")
@@ -326,7 +328,7 @@ def _cmd_estimate(args) -> int:
     with _running_script("estimate", args.script, args.mode):
         with quiet:
             if args.max_batch:
-                from xmem_engine.tracing import top_level_value
+                from xmem_engine.overrides import top_level_value
 
                 start = top_level_value(args.script, args.max_batch)
                 if not isinstance(start, int) or isinstance(start, bool):

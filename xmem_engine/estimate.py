@@ -1,8 +1,8 @@
 """The estimate: how much GPU memory a training step needs on a named GPU.
 
-``estimate(code, gpu=...)`` traces the code on the CPU (tracer.py), re-creates what a CUDA
-run does differently (cuda_behaviour.py), replays the requests through the caching
-allocator on the target GPU (simulate.py) and returns an :class:`Estimate`: plain data that
+``estimate(code, gpu=...)`` traces the code on the CPU (``tracing/``), re-creates what a CUDA
+run does differently (``gpus/cuda_libraries.py``), replays the requests through the caching
+allocator on the target GPU (``simulation/``) and returns an :class:`Estimate`: plain data that
 the CLI prints, the notebook widget draws, and :meth:`Estimate.to_report` saves.
 
 Device memory, as ``nvidia-smi`` would show it for the process::

@@ -1,7 +1,7 @@
 """What a CUDA run allocates that the same code traced on the CPU does not.
 
 The tracer records the requests of a CPU run of the user's code (with the CUDA choices it can
-make at trace time already made: see tracer.py). What depends on the *target GPU* and on the
+make at trace time already made: see ``xmem_engine/tracing/``). What depends on the *target GPU* and on the
 *PyTorch version* is added here, so that switching either re-simulates the same trace without
 re-tracing:
 

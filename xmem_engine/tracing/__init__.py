@@ -72,7 +72,7 @@ Where things are
 ``shadow_values.py``  real values of small fake GPU tensors whose contents are known
 ``grad_accumulation.py``  gradient sums in place, as CUDA's autograd does them
 ``user_state.py``     the user's objects and settings, put back after the trace
-``script.py``         a training script with ``--set VAR=VALUE`` overrides
+``script.py``         a training script run as ``python SCRIPT`` (``--set``: ``xmem_engine/overrides.py``)
 ``frames.py``         which frames are the user's (sources, tracebacks)
 ``errors.py``, ``placeholders.py``  what can go wrong; what ``.item()`` of a fake tensor gives
 """
@@ -82,7 +82,8 @@ from xmem_engine.tracing.frames import strip_to_user_code, user_traceback_lines
 from xmem_engine.tracing.run import trace
 from xmem_engine.trace import MODES, Mode
 from xmem_engine.tracing.scope import Device
-from xmem_engine.tracing.script import OverrideError, parse_overrides, top_level_value, trace_script
+from xmem_engine.overrides import OverrideError, parse_overrides, top_level_value
+from xmem_engine.tracing.script import trace_script
 from xmem_engine.tracing.tracer import Tracer
 
 __all__ = [

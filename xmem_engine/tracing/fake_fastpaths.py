@@ -21,10 +21,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import torch._prims_common
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
 from xmem_engine.tracing.autocast_policy import aten_op
+from xmem_engine.tracing.torch_compat import is_non_overlapping_and_dense
 
 _PLAIN_FLOATS = (torch.float32, torch.float64)
 _CPU = torch.device("cpu")
@@ -102,7 +102,7 @@ def _dense_like(x: torch.Tensor, dtype: torch.dtype | None) -> Any:
     """A fresh fake tensor with ``x``'s sizes and strides (``_to_copy`` / ``clone`` with
     ``preserve_format`` on a non-overlapping, dense tensor), made by one cached factory call
     instead of a conversion of ``x`` (a real ``x`` costs FakeTensorMode a meta copy)."""
-    if x.layout != torch.strided or not torch._prims_common.is_non_overlapping_and_dense_or_false(x):
+    if x.layout != torch.strided or not is_non_overlapping_and_dense(x):
         return NotImplemented
     return _empty(x.size(), x.stride(), dtype or x.dtype, x)
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import torch
-import torch._prims_common
+from xmem_engine.tracing.torch_compat import is_non_overlapping_and_dense
 
 aten = torch.ops.aten
 _ADD = aten.add.Tensor
@@ -116,7 +116,7 @@ class BackwardInPlace:
             return False
         if old.shape != new.shape or old.dtype != new.dtype or old.layout != torch.strided:
             return False
-        if not torch._prims_common.is_non_overlapping_and_dense_or_false(old):
+        if not is_non_overlapping_and_dense(old):
             return False
         # This call's own references count in both; "as few as new" means only the engine's.
         return old._use_count() <= new._use_count() and _sole_owner_of_storage(old)

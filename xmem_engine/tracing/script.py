@@ -1,116 +1,16 @@
-"""Load a training script for tracing, with ``--set VAR=VALUE`` overrides.
-
-An override replaces the value of a top-level assignment (``batch_size = 32``), also one
-inside a top-level ``if __name__ == "__main__":`` block, so a user can ask "what if the batch
-were 64" without editing the file. The script is compiled from its AST with the file's own
-path and line numbers, so tracebacks point at the user's lines.
-"""
+"""Trace a training script as ``python SCRIPT`` would run it, with ``--set`` overrides
+(``xmem_engine/overrides.py``)."""
 
 from __future__ import annotations
 
-import ast
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
+from xmem_engine.overrides import load_script
 from xmem_engine.trace import Trace
-from xmem_engine.tracing.errors import TracerError
 from xmem_engine.tracing.run import trace
-
-
-class OverrideError(TracerError, ValueError):
-    """A ``--set`` that is malformed or names no top-level assignment of the script."""
-
-
-def parse_overrides(items: Iterable[str]) -> dict[str, str]:
-    """``["batch_size=64", "lr=1e-3"]`` -> ``{"batch_size": "64", "lr": "1e-3"}``."""
-    out: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or not name.isidentifier():
-            raise OverrideError(f"--set expects VAR=VALUE with a Python name, got {item!r}")
-        out[name] = value
-    return out
-
-
-def _value_node(text: str) -> ast.expr:
-    """A literal (``64``, ``1e-3``, ``'adam'``, ``(2, 3)``, ``True``) or else the text as a string."""
-    try:
-        value: Any = ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError):
-        value = text
-    return ast.parse(repr(value), mode="eval").body
-
-
-def _assigned_names(stmt: ast.stmt) -> list[str]:
-    if isinstance(stmt, ast.Assign):
-        return [t.id for t in stmt.targets if isinstance(t, ast.Name)]
-    if isinstance(stmt, ast.AnnAssign) and stmt.value is not None and isinstance(stmt.target, ast.Name):
-        return [stmt.target.id]
-    return []
-
-
-def _top_level_statements(tree: ast.Module) -> Iterable[ast.stmt]:
-    for stmt in tree.body:
-        yield stmt
-        if isinstance(stmt, ast.If) and _is_main_guard(stmt.test):
-            yield from stmt.body
-
-
-def _is_main_guard(test: ast.expr) -> bool:
-    return (
-        isinstance(test, ast.Compare)
-        and isinstance(test.left, ast.Name)
-        and test.left.id == "__name__"
-        and len(test.comparators) == 1
-        and isinstance(test.comparators[0], ast.Constant)
-        and test.comparators[0].value == "__main__"
-    )
-
-
-def apply_overrides(tree: ast.Module, overrides: dict[str, str], filename: str) -> ast.Module:
-    """Replace the value of every top-level assignment to each overridden name."""
-    found: set[str] = set()
-    for stmt in _top_level_statements(tree):
-        names = _assigned_names(stmt)
-        for name in names:
-            if name in overrides:
-                if isinstance(stmt, ast.Assign) and len(stmt.targets) > 1:
-                    raise OverrideError(f"{filename}:{stmt.lineno}: cannot override {name!r} in a chained assignment")
-                node = _value_node(overrides[name])
-                stmt.value = ast.copy_location(node, stmt.value)  # type: ignore[union-attr]
-                ast.fix_missing_locations(stmt)
-                found.add(name)
-    missing = sorted(set(overrides) - found)
-    if missing:
-        raise OverrideError(f"{filename} has no top-level assignment to {', '.join(missing)} (for --set)")
-    return tree
-
-
-def top_level_value(path: str | Path, name: str) -> Any:
-    """The literal a script assigns to ``name`` at top level (for ``--max-batch``)."""
-    source = Path(path).read_text(encoding="utf-8")
-    tree = ast.parse(source, filename=str(path))
-    for stmt in _top_level_statements(tree):
-        if name in _assigned_names(stmt):
-            try:
-                return ast.literal_eval(stmt.value)  # type: ignore[attr-defined]
-            except ValueError:
-                raise OverrideError(f"{path}: {name} is assigned an expression, not a literal; "
-                                    f"--max-batch needs a number like `{name} = 32`") from None
-    raise OverrideError(f"{path} has no top-level assignment to {name!r}")
-
-
-def load_script(path: str | Path, overrides: dict[str, str] | None = None) -> Any:
-    """The script's code object, overrides applied. Raises FileNotFoundError, SyntaxError, OverrideError."""
-    path = os.path.abspath(path)
-    source = Path(path).read_text(encoding="utf-8")
-    tree = ast.parse(source, filename=path)
-    if overrides:
-        tree = apply_overrides(tree, overrides, path)
-    return compile(tree, path, "exec", dont_inherit=True)
 
 
 def trace_script(

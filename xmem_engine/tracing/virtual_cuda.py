@@ -6,7 +6,7 @@ that code calls (``is_available``, device properties, streams, events, memory st
 ``torch.cuda.memory._snapshot`` / ``_dump_snapshot`` pair) come from the simulated caching
 allocator, device properties from a description of the target GPU. The
 tensors themselves live on the CPU; the tracer's TorchFunctionMode makes them report
-``cuda:0`` (see ``tracer.py``). ``autocast("cuda")`` regions cast with CUDA's per-op lists
+``cuda:0`` (``device_mode.py``). ``autocast("cuda")`` regions cast with CUDA's per-op lists
 (``autocast_policy.py``, entered through :func:`_autocast_methods`), and ``GradScaler``'s
 value reads take the step in fake mode (:func:`_grad_scaler_methods`). Every patched attribute
 and dispatcher registration is undone when the context exits, also on error or

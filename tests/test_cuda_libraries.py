@@ -1,4 +1,4 @@
-"""cuda_behaviour: PyTorch-version-dependent cuBLAS / cuBLASLt workspaces."""
+"""gpus/cuda_libraries: what a CUDA run allocates that the CPU trace does not (cuBLAS / cuBLASLt workspaces)."""
 
 import pytest
 
