@@ -1,11 +1,19 @@
 # The two commands of the README. Both set up .venv first (scripts/setup.sh).
-.PHONY: setup test start cli-demo bench bench-setup paper-runs
+.PHONY: setup test test-torch-ends start cli-demo bench bench-setup paper-runs
 
 setup:
 	@bash scripts/setup.sh
 
 test: setup
 	.venv/bin/python -m pytest -q
+
+# The supported PyTorch range's two ends (README, "Requirements"): the engine's tests on each,
+# with PyPI's default Linux wheel (a CUDA build, run here without a driver). CI runs it after `test`.
+TORCH_OLDEST = 2.10.0
+TORCH_NEWEST = 2.14.1
+test-torch-ends:
+	bash scripts/test_torch.sh $(TORCH_OLDEST)
+	bash scripts/test_torch.sh $(TORCH_NEWEST)
 
 start: setup
 	@bash scripts/start.sh
