@@ -94,6 +94,11 @@ CATEGORIES = tuple(c.value for c in Category)
 PHASES = tuple(p.value for p in Phase)
 MODES = tuple(m.value for m in Mode)
 
+# The largest request a trace may hold: 1 PiB, far above any GPU (the simulator refuses more).
+MAX_REQUEST_BYTES = 1 << 50
+_INT_FIELDS = ("id", "bytes", "stream", "iteration")
+_STR_FIELDS = ("category", "op", "module", "phase", "dtype", "source")
+
 
 @dataclass(slots=True)
 class TraceEvent:
@@ -121,8 +126,28 @@ class TraceEvent:
 
     @classmethod
     def from_json(cls, d: dict) -> "TraceEvent":
+        """One event from its JSON object, every field checked (ValueError naming the field)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"expected a JSON object (one event), got {type(d).__name__}")
         if d.get("kind") not in EVENT_KINDS:
             raise ValueError(f"unknown trace event kind {d.get('kind')!r}; expected one of {EVENT_KINDS}")
+        kind = d["kind"]
+        for k in _INT_FIELDS:
+            if k in d and (type(d[k]) is not int):
+                raise ValueError(f"{k!r} must be a whole number, not {d[k]!r}")
+        if kind in (ALLOC, FREE, RECORD_STREAM) and not (type(d.get("id")) is int and d["id"] >= 0):
+            raise ValueError(f"every {kind!r} event needs an 'id' (a storage number >= 0)")
+        if kind == ALLOC and not (type(d.get("bytes")) is int and 0 <= d["bytes"] <= MAX_REQUEST_BYTES):
+            raise ValueError(f"an 'alloc' event needs 'bytes' from 0 to {MAX_REQUEST_BYTES:,} (1 PiB), "
+                             f"not {d.get('bytes')!r}")
+        if d.get("stream", 0) < 0:
+            raise ValueError(f"'stream' must be >= 0, not {d['stream']!r}")
+        for k in ("shape", "streams"):
+            if k in d and not (isinstance(d[k], list) and all(type(x) is int and x >= 0 for x in d[k])):
+                raise ValueError(f"{k!r} must be a list of whole numbers >= 0, not {d[k]!r}")
+        for k in _STR_FIELDS:
+            if k in d and not isinstance(d[k], str):
+                raise ValueError(f"{k!r} must be a string, not {d[k]!r}")
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         known["shape"] = tuple(known.get("shape", ()))
         known["streams"] = tuple(known.get("streams", ()))
@@ -154,15 +179,28 @@ class Trace:
 
     @classmethod
     def read_jsonl(cls, path: str | Path) -> "Trace":
+        """Read a trace file; ValueError ``path:line: ...`` at the first event that is not one,
+        or that allocates a live id again, or frees or records a storage that is not live."""
         events = []
+        live: set[int] = set()
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
-                    events.append(TraceEvent.from_json(json.loads(line)))
-                except (ValueError, TypeError) as e:
-                    raise ValueError(f"{path}:{lineno}: not a trace event: {e}") from None
+                    e = TraceEvent.from_json(json.loads(line))
+                    if e.kind == ALLOC:
+                        if e.id in live:
+                            raise ValueError(f"storage id {e.id} is allocated again while still live")
+                        live.add(e.id)
+                    elif e.kind in (FREE, RECORD_STREAM):
+                        if e.id not in live:
+                            raise ValueError(f"{e.kind} of storage id {e.id}, which is not live")
+                        if e.kind == FREE:
+                            live.discard(e.id)
+                except (ValueError, TypeError, RecursionError) as err:
+                    raise ValueError(f"{path}:{lineno}: not a trace event: {err}") from None
+                events.append(e)
         return cls(events=events)
 
 

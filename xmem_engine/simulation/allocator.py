@@ -20,8 +20,11 @@ from typing import Callable, Iterator
 from bisect import bisect_left, insort
 
 from xmem_engine.simulation.alloc_conf import AllocatorConfig
+from xmem_engine.trace import MAX_REQUEST_BYTES
 
 K_MIN_BLOCK_SIZE = 512
+# MAX_REQUEST_BYTES (trace.py): the largest request the simulator takes, 1 PiB, far above any
+# GPU; a larger, negative or non-integer size is a corrupt input, refused rather than rounded.
 K_SMALL_SIZE = 1 << 20  # 1 MiB: largest "small" request
 K_SMALL_BUFFER = 2 << 20  # 2 MiB: small-pool segment (and expandable small page)
 K_LARGE_BUFFER = 20 << 20  # 20 MiB: mid-size segment (and expandable large page)
@@ -430,6 +433,9 @@ class CachingAllocator:
         The common case (default settings, a cached block fits) is written out inline;
         the general rules live in get_free_block / alloc_block; alloc_found_block is inlined.
         """
+        if orig_size.__class__ is not int or not 0 <= orig_size <= MAX_REQUEST_BYTES:
+            raise ValueError(f"malloc of {orig_size!r} bytes: a request is a whole number of bytes from 0 to "
+                             f"{MAX_REQUEST_BYTES:,} (1 PiB)")
         if self.pending_frees:
             self.process_events()
         if orig_size < K_MIN_BLOCK_SIZE:

@@ -18,6 +18,7 @@ from typing import Any
 
 from xmem_engine.simulation.alloc_conf import AllocatorConfig
 from xmem_engine.simulation.allocator import CachingAllocator
+from xmem_engine.trace import MAX_REQUEST_BYTES
 
 
 class UnsafeSnapshotError(ValueError):
@@ -50,10 +51,81 @@ def loads_snapshot(data: bytes, name: str = "<bytes>") -> dict:
         raise SnapshotFormatError(f"{name}: not a readable pickle ({e})") from None
     if not isinstance(snap, dict) or "segments" not in snap:
         raise SnapshotFormatError(f"{name}: a pickle, but not a memory snapshot (no 'segments' key)")
-    traces = snap.get("device_traces", [])
-    if not isinstance(snap["segments"], list) or not isinstance(traces, list):
-        raise SnapshotFormatError(f"{name}: 'segments' and 'device_traces' must be lists")
+    check_snapshot(snap, name)
     return snap
+
+
+# What the replay reads, field by field (the rest of a recording is carried along unread).
+_TRACE_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+                  "segment_map", "segment_unmap", "oom", "snapshot")
+
+
+def check_snapshot(snap: dict, name: str = "<snapshot>") -> None:
+    """Every field the replay reads has the type and range PyTorch writes: SnapshotFormatError
+    naming the first that does not (``segments[3].total_size: ...``)."""
+
+    def fail(where: str, what: str, got: Any) -> None:
+        raise SnapshotFormatError(f"{name}: {where}: {what}, got {got!r:.80}")
+
+    def whole(where: str, v: Any, lo: int = 0, hi: int = 1 << 64) -> None:
+        if type(v) is not int or not lo <= v <= hi:
+            fail(where, f"expected a whole number from {lo} to {hi:,}", v)
+
+    if not isinstance(snap["segments"], list):
+        fail("segments", "expected a list of segments", type(snap["segments"]).__name__)
+    for i, seg in enumerate(snap["segments"]):
+        at = f"segments[{i}]"
+        if not isinstance(seg, dict):
+            fail(at, "expected a segment (a dict)", seg)
+        for k in ("address", "total_size", "stream"):
+            if k not in seg:
+                fail(at, f"no {k!r}", sorted(seg)[:8])
+            whole(f"{at}.{k}", seg[k], *((1, MAX_REQUEST_BYTES) if k == "total_size" else (0,)))
+        if "device" in seg:
+            whole(f"{at}.device", seg["device"])
+        if not isinstance(seg.get("segment_type", ""), str):
+            fail(f"{at}.segment_type", "expected 'small' or 'large'", seg["segment_type"])
+        if not isinstance(seg.get("blocks"), list):
+            fail(f"{at}.blocks", "expected a list of blocks", seg.get("blocks"))
+        for j, b in enumerate(seg["blocks"]):
+            bat = f"{at}.blocks[{j}]"
+            if not isinstance(b, dict):
+                fail(bat, "expected a block (a dict)", b)
+            whole(f"{bat}.address", b.get("address"))
+            whole(f"{bat}.size", b.get("size"), 0, MAX_REQUEST_BYTES)
+            if not isinstance(b.get("state"), str):
+                fail(f"{bat}.state", "expected a state such as 'active_allocated'", b.get("state"))
+            if b["state"] in ("active_allocated", "active_pending_free"):
+                whole(f"{bat}.requested_size", b.get("requested_size"))
+    traces = snap.get("device_traces", [])
+    if not isinstance(traces, list):
+        fail("device_traces", "expected a list (one list of events per device)", type(traces).__name__)
+    for d, events in enumerate(traces):
+        if not isinstance(events, list):
+            fail(f"device_traces[{d}]", "expected a list of events", type(events).__name__)
+        for i, e in enumerate(events):
+            at = f"device_traces[{d}][{i}]"
+            if not isinstance(e, dict):
+                fail(at, "expected an event (a dict)", e)
+            if e.get("action") not in _TRACE_ACTIONS:
+                fail(f"{at}.action", f"expected one of {', '.join(_TRACE_ACTIONS)}", e.get("action"))
+            if e["action"] == "snapshot":
+                continue
+            if e["action"] != "oom":
+                whole(f"{at}.addr", e.get("addr"))
+            whole(f"{at}.size", e.get("size"), 0, MAX_REQUEST_BYTES)
+            whole(f"{at}.stream", e.get("stream"))
+    settings = snap.get("allocator_settings")
+    if settings is not None and not isinstance(settings, dict):
+        fail("allocator_settings", "expected a dict", type(settings).__name__)
+    if isinstance(settings, dict):
+        if not isinstance(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "", str):
+            fail("allocator_settings.PYTORCH_CUDA_ALLOC_CONF", "expected a string", settings["PYTORCH_CUDA_ALLOC_CONF"])
+        divs = settings.get("roundup_power2_divisions")
+        if divs is not None and not (isinstance(divs, dict) and all(
+                isinstance(k, (str, int)) and str(k).isdigit() and type(v) is int for k, v in divs.items())):
+            fail("allocator_settings.roundup_power2_divisions", "expected {interval: divisions} of whole numbers",
+                 divs)
 
 
 def load_snapshot(path: str | Path) -> dict:
