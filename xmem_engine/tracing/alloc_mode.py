@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.fake_fastpaths import FAST_FAKE
-from xmem_engine.tracing.frames import user_frame
+from xmem_engine.tracing.frames import as_torch_error, user_frame
 from xmem_engine.tracing.grad_accumulation import BackwardInPlace
 from xmem_engine.tracing.scope import Device
 from xmem_engine.tracing.tracer import Tracer, tensors_in
@@ -132,20 +132,23 @@ class AllocMode(TorchDispatchMode):
                 factory = not _has_tensor(args) and not (kwargs and _has_tensor(tuple(kwargs.values())))
                 if not factory or not tr.factory_on_gpu():
                     return self._run_on_host(func, args, kwargs, factory)
-            fast = FAST_FAKE.get(func)
-            out = fast(*args, **kwargs) if fast is not None else NotImplemented
-            if out is NotImplemented:
-                try:
-                    out = func(*args, **kwargs)
-                except self.fake_errors as e:
-                    # values the fake tensors lack: known ones come from the shadows
-                    out = tr.shadows.data_dependent(func, args, kwargs, tr.fake_mode)
-                    if out is NotImplemented:
-                        raise NeedsRealValues(str(func), _fake_reason(e), user_frame(2)) from e
+            try:
+                fast = FAST_FAKE.get(func)
+                out = fast(*args, **kwargs) if fast is not None else NotImplemented
+                if out is NotImplemented:
+                    try:
+                        out = func(*args, **kwargs)
+                    except self.fake_errors as e:
+                        # values the fake tensors lack: known ones come from the shadows
+                        out = tr.shadows.data_dependent(func, args, kwargs, tr.fake_mode)
+                        if out is NotImplemented:
+                            raise NeedsRealValues(str(func), _fake_reason(e), user_frame(2)) from e
+                    else:
+                        tr.shadows.after_op(func, args, kwargs, out)
                 else:
                     tr.shadows.after_op(func, args, kwargs, out)
-            else:
-                tr.shadows.after_op(func, args, kwargs, out)
+            except RuntimeError as e:
+                raise _as_torch_error(e, args) from None
         else:
             out = func(*args, **kwargs)
         live = tr.live
@@ -202,6 +205,17 @@ class AllocMode(TorchDispatchMode):
                 if t.untyped_storage()._cdata in live:
                     return True
         return False if found else tr.factory_on_gpu()
+
+
+def _as_torch_error(e: RuntimeError, args: tuple) -> BaseException:
+    """The error a real kernel gives where fake tensors' meta functions give a bare check
+    ("Expected cond to be True"): a negative size (``--set batch_size=-1``) says so."""
+    if str(e).startswith("Expected cond to be True"):
+        for a in args:
+            if isinstance(a, (list, tuple)) and any(type(d) is int and d < 0 for d in a):
+                bad = next(d for d in a if type(d) is int and d < 0)
+                return as_torch_error(RuntimeError(f"Trying to create tensor with negative dimension {bad}: {list(a)}"))
+    return e
 
 
 def _fake_reason(e: BaseException) -> str:

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from xmem_engine.tracing.sdpa import tracer_handler
 from xmem_engine.tracing.errors import NeedsRealValues
-from xmem_engine.tracing.frames import user_frame
+from xmem_engine.tracing.frames import as_torch_error, user_frame
 from xmem_engine.tracing.placeholders import placeholder
 from xmem_engine.tracing.scope import CPU, CUDA0, CallScope, Device
 from xmem_engine.tracing.tracer import Tracer
@@ -170,9 +170,9 @@ class DeviceMode(TorchFunctionMode):
 
     def _numpy(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if self.t.is_gpu(args[0]):
-            raise TypeError(
+            raise as_torch_error(TypeError(
                 "can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
-            )
+            ))
         if self.t.fake:
             raise NeedsRealValues("Tensor.numpy()", "numpy needs the tensor's values", user_frame(3))
         return func(*args, **kwargs)

@@ -64,14 +64,22 @@ def run_user_code(code: Any, scratch: dict | None) -> None:
 
 
 _ENTRY_CODES: set[types.CodeType] = {run_user_code.__code__}
+RAISED_AS_TORCH = "_xmem_raised_as_torch"
+
+
+def as_torch_error(e: BaseException) -> BaseException:
+    """Mark an error the tracer raises where torch on a GPU would (a simulated out-of-memory,
+    a negative size): the user's traceback ends at their torch call, as on a GPU."""
+    setattr(e, RAISED_AS_TORCH, True)
+    return e
 
 
 def trim_traceback(e: BaseException) -> bool:
     """Show the user's code, not the tracer: the traceback starts where the user's code was
     entered (the frame after :func:`run_user_code`), and when the error was raised inside
-    torch below one of the tracer's modes it ends where the user's (or a library's) code
-    called into the tracer - as on a GPU, where the op raises from C++. An error raised by
-    the tracer's own code keeps its frames. False if the error did not come from user code."""
+    torch below one of the tracer's modes (or by the tracer as torch would: :func:`as_torch_error`)
+    it ends where the user's (or a library's) code called into the tracer - as on a GPU, where
+    the op raises from C++. Any other error raised by the tracer's own code keeps its frames. False if the error did not come from user code."""
     tb = e.__traceback__
     while tb is not None and tb.tb_frame.f_code is not run_user_code.__code__:
         tb = tb.tb_next
@@ -86,7 +94,7 @@ def trim_traceback(e: BaseException) -> bool:
     while t is not None:
         frames.append(t)
         t = t.tb_next
-    if frames[-1].tb_frame.f_code.co_filename.startswith(TORCH_DIR):
+    if frames[-1].tb_frame.f_code.co_filename.startswith(TORCH_DIR) or getattr(e, RAISED_AS_TORCH, False):
         for prev, cur in zip(frames, frames[1:]):
             if cur.tb_frame.f_code.co_filename.startswith(XMEM_DIR):
                 prev.tb_next = None

@@ -37,7 +37,7 @@ import torch
 from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.trace import ALLOC, EMPTY_CACHE, FREE, ITERATION, PHASE, RECORD_STREAM, RESET_PEAK, Category, Phase, TraceEvent
 from xmem_engine.tracing.errors import StopTracing
-from xmem_engine.tracing.frames import op_name, user_frame
+from xmem_engine.tracing.frames import as_torch_error, op_name, user_frame
 from xmem_engine.tracing.patches import patched_attr
 from xmem_engine.tracing.scope import CallScope
 from xmem_engine.tracing.shadow_values import Shadows
@@ -254,7 +254,7 @@ class Tracer:
                 except RuntimeError as e:  # the simulated device is full (capacity / memory fraction)
                     if type(e).__name__ != "OutOfMemoryError":
                         raise
-                    raise torch.OutOfMemoryError(f"CUDA out of memory (simulated by xmem). {e}") from None
+                    raise as_torch_error(torch.OutOfMemoryError(f"CUDA out of memory (simulated by xmem). {e}")) from None
                 self.events.append(ev)
             self.live[key] = Live(ev, block, weakref.ref(st, self._storage_died(key)), nbytes)
         finally:
