@@ -129,6 +129,7 @@ def test_properties_look_like_torch_device_properties(catalog):
         "major": 9,
         "minor": 0,
         "multi_processor_count": 132,
+        "context_bytes": gpu.context_bytes,  # for mem_get_info, not a device property
     }
     # The virtual CUDA device accepts them as they are.
     assert DeviceProperties.from_dict(props).total_memory == gpu.total_memory_bytes

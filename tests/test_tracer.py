@@ -138,7 +138,8 @@ free, total = torch.cuda.mem_get_info()
     assert ns["reserved"] >= 4096 + (1 << 22)
     assert ns["peak2"] == 4096
     assert ns["reserved_after_empty"] < ns["reserved"]
-    assert ns["total"] == 42_505_273_344 and ns["free"] == ns["total"] - ns["reserved_after_empty"]
+    # free as the driver says it: the CUDA context (the default A100's, 426 MiB) is not free
+    assert ns["total"] == 42_505_273_344 and ns["free"] == ns["total"] - 446_693_376 - ns["reserved_after_empty"]
     kinds = [e.kind for e in tr.events]
     assert kinds.count("reset_peak") == 1 and kinds.count("empty_cache") == 1
     assert kinds.index("reset_peak") < kinds.index("empty_cache")

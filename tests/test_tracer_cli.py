@@ -87,7 +87,9 @@ def test_cli_writes_json_lines_and_a_summary(script, tmp_path, capsys):
     assert " s -> " in summary[0]
     assert "done 1.000" in captured.out            # the script's own print ran (placeholder value)
     rc = main(["trace", str(script), "--mode", "fake", "--max-iterations", "1", "--events", str(out)])
-    assert rc == 0
+    assert rc == 2 and "pass --force" in capsys.readouterr().err  # an existing file is kept...
+    rc = main(["trace", str(script), "--mode", "fake", "--max-iterations", "1", "--events", str(out), "--force"])
+    assert rc == 0  # ...unless asked
     one = [json.loads(line) for line in out.read_text().splitlines()]
     assert [e["iteration"] for e in one if e["kind"] == "iteration"] == [0] and len(one) < len(events)
 

@@ -1,7 +1,9 @@
 """The ``xmem`` command line: one subcommand per job, all over the same engine.
 
-Exit codes: 0 success (or "fits"), 1 the user's code failed, 2 usage or input errors,
-3 "does not fit" / a conformance check that did not match.
+Exit codes, the same for every subcommand: 0 success ("fits"), 3 "does not fit" (or a
+conformance check that did not match), 2 bad input (checked before any tracing starts), 1 the
+user's script failed (its own ``sys.exit(n != 0)`` included) or xmem itself failed. With
+``--json`` a failure prints one JSON object too (``ok``, ``error``, ``message``, ``exit_code``).
 """
 
 from __future__ import annotations
@@ -9,48 +11,135 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from typing import Iterator
 
 from xmem_engine.trace import MODES
 
 EXIT_OK, EXIT_USER_CODE, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+MAX_CAPACITY = 1 << 50  # --capacity: 1 PiB, the simulator's largest request (trace.MAX_REQUEST_BYTES)
+REPORT_HINT = "this is a bug in xmem, not in your script: please report it with the command line and the lines above"
 
 
-class InputError(Exception):
-    """Bad input from the user (a file, a flag, a config string): exit code 2."""
+class CLIError(Exception):
+    """A failure the command has described: its exit code, and its kind for ``--json``."""
+
+    code = EXIT_USAGE
+    kind = "bad_input"
+
+    def json(self) -> dict:
+        return {"ok": False, "error": self.kind, "message": str(self), "exit_code": self.code}
 
 
-class ScriptFailed(Exception):
-    """The user's script failed while traced; what to tell them is already printed: exit code 1."""
+class InputError(CLIError):
+    """Bad input from the user (a file, a flag, a config string): exit code 2, before any tracing."""
+
+
+class ScriptFailed(CLIError):
+    """The user's script failed while traced (its traceback is printed): exit code 1."""
+
+    code = EXIT_USER_CODE
+    kind = "script_failed"
+
+    def __init__(self, message: str, status: object = None):
+        super().__init__(message)
+        self.status = status  # the script's own sys.exit status, if that is how it ended
+
+    def json(self) -> dict:
+        return {**super().json(), "script_exit_status": self.status}
+
+
+class XmemFailed(CLIError):
+    """xmem itself failed (no frame of the user's code is involved): exit code 1."""
+
+    code = EXIT_USER_CODE
+    kind = "xmem_failed"
+
+
+def _from_user_code(e: BaseException) -> bool:
+    """Did ``e`` pass through a frame of the user's code (not xmem, torch, the standard library)?"""
+    from xmem_engine.tracing.frames import is_user_file
+
+    tb = e.__traceback__
+    while tb is not None:
+        if is_user_file(tb.tb_frame.f_code.co_filename):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 @contextlib.contextmanager
 def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
     """The one place that turns a traced script's failures into messages and exit codes:
     a bad ``--set`` is bad input; an op the mode cannot run is xmem's message; the script's
-    own exception shows its traceback (from the user's code on); its ``sys.exit(n != 0)``
-    is a failure with that status."""
-    from xmem_engine.simulation.alloc_conf import AllocConfError
+    own exception shows its traceback (from the user's code on), a syntax error only the
+    offending line; its ``sys.exit(n != 0)`` is a failure with that status; an exception
+    that never passed through the user's code is xmem's own failure."""
+    import os
+    import traceback
+
     from xmem_engine.overrides import OverrideError
+    from xmem_engine.simulation.alloc_conf import AllocConfError
     from xmem_engine.tracing import UnsupportedOpError, user_traceback_lines
 
     try:
         yield
     except (OverrideError, AllocConfError) as e:
         raise InputError(str(e)) from None
-    except (InputError, ScriptFailed):
+    except CLIError:
         raise
     except UnsupportedOpError as e:
         print(f"xmem {command}: {e}", file=sys.stderr)
-        raise ScriptFailed() from None
-    except Exception as e:  # the user's code failed: show its traceback, not ours
+        raise ScriptFailed(str(e)) from None
+    except SyntaxError as e:
+        if not _from_user_code(e) and os.path.abspath(e.filename or "") != os.path.abspath(script):
+            raise _xmem_failed(command, e) from None
+        print("".join(traceback.format_exception_only(type(e), e)), end="", file=sys.stderr)
+        message = f"{script} has a syntax error (line {e.lineno})"
+        print(f"xmem {command}: {message}", file=sys.stderr)
+        raise ScriptFailed(message) from None
+    except Exception as e:
+        if not _from_user_code(e):
+            raise _xmem_failed(command, e) from None
         print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
+        message = f"{script} raised {type(e).__name__}: {e} (mode {mode})"
         print(f"xmem {command}: {script} raised {type(e).__name__} (mode {mode})", file=sys.stderr)
-        raise ScriptFailed() from None
+        raise ScriptFailed(message) from None
     except SystemExit as e:
-        print(f"xmem {command}: {script} exited with status {e.code}", file=sys.stderr)
-        raise ScriptFailed() from None
+        message = f"{script} exited with status {e.code}"
+        print(f"xmem {command}: {message}", file=sys.stderr)
+        raise ScriptFailed(message, status=e.code) from None
+
+
+def _xmem_failed(command: str, e: BaseException) -> XmemFailed:
+    import traceback
+
+    print("".join(traceback.format_exception(type(e), e, e.__traceback__)), end="", file=sys.stderr)
+    message = f"xmem failed: {type(e).__name__}: {e}"
+    print(f"xmem {command}: {message}\n  {REPORT_HINT}", file=sys.stderr)
+    return XmemFailed(message)
+
+
+def _check_output(path: str | None, flag: str, force: bool, inputs: tuple[str, ...] = ()) -> None:
+    """An output file the command will write: never one of its inputs, in a folder that
+    exists, and not an existing file unless ``--force``. Checked before any work starts."""
+    import os
+
+    if path is None:
+        return
+    if not path.strip():
+        raise InputError(f"{flag}: empty file name")
+    for src in inputs:
+        if os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src):
+            raise InputError(f"{flag} {path}: that is the input {src}; write the output to another file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InputError(f"{flag} {path}: the folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise InputError(f"{flag} {path}: that is a folder; give a file name")
+    if os.path.exists(path) and not force:
+        raise InputError(f"{flag} {path}: the file exists; pass --force to overwrite it")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,22 +155,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except InputError as e:
-        print(f"xmem {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except ScriptFailed:
-        return EXIT_USER_CODE
+    except CLIError as e:
+        if isinstance(e, InputError):
+            print(f"xmem {args.command}: error: {e}", file=sys.stderr)
+        if getattr(args, "json", False):  # stdout still carries one JSON object
+            _print_json(e.json())
+        return e.code
 
 
 def _alloc_conf(text: str | None):
-    from xmem_engine.simulation.alloc_conf import AllocConfError, parse_alloc_conf
+    """``--alloc-conf``: PyTorch's grammar, and a setting xmem can simulate."""
+    from xmem_engine.simulation.alloc_conf import AllocConfError, parse_alloc_conf, require_native
 
     if text is None:
         return None
     try:
-        return parse_alloc_conf(text)
+        return require_native(parse_alloc_conf(text))
     except AllocConfError as e:
-        raise InputError(str(e)) from None
+        raise InputError(f"--alloc-conf {text!r}: {e}") from None
 
 
 def _print_json(obj) -> None:
@@ -103,6 +194,7 @@ def _add_replay(sub) -> None:
     p.add_argument("--alloc-conf", metavar="STR",
                    help='PYTORCH_CUDA_ALLOC_CONF to re-simulate with, e.g. "expandable_segments:True"')
     p.add_argument("--snapshot-out", metavar="FILE", help="write the simulated run as a snapshot pickle")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --snapshot-out file")
     p.set_defaults(func=_cmd_replay)
 
 
@@ -110,16 +202,24 @@ def _cmd_replay(args) -> int:
     from xmem_engine.simulation.replay import replay_snapshot
     from xmem_engine.simulation.snapshot import SnapshotFormatError, UnsafeSnapshotError, load_snapshot
 
+    from xmem_engine.simulation.alloc_conf import AllocConfError
+
+    cfg = _alloc_conf(args.alloc_conf)
+    _check_output(args.snapshot_out, "--snapshot-out", args.force, (args.snapshot,))
     try:
         snap = load_snapshot(args.snapshot)
     except (FileNotFoundError, SnapshotFormatError, UnsafeSnapshotError) as e:
         raise InputError(str(e)) from None
-    cfg = _alloc_conf(args.alloc_conf)
-    recorded = replay_snapshot(snap, check=args.check or cfg is None)
+    try:
+        recorded = replay_snapshot(snap, check=args.check or cfg is None)
+        other = replay_snapshot(snap, config=cfg, check=False) if cfg is not None else None
+    except AllocConfError as e:
+        raise InputError(f"{args.snapshot}: its allocator_settings: {e}") from None
+    except (ValueError, RuntimeError) as e:  # well-formed fields whose requests cannot happen
+        raise InputError(f"{args.snapshot}: its requests cannot be replayed: {e}") from None
     out = recorded.to_json()
     out["snapshot"] = args.snapshot
-    if cfg is not None:
-        other = replay_snapshot(snap, config=cfg, check=False)
+    if other is not None:
         out["what_if"] = {
             "alloc_conf": cfg.source,
             "peak_allocated_bytes": other.peak_allocated_bytes,
@@ -150,6 +250,7 @@ def _add_simulate(sub) -> None:
     p.add_argument("--snapshot", metavar="FILE",
                    help="write the simulated run as a snapshot pickle for torch.cuda._memory_viz")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --snapshot file")
     p.set_defaults(func=_cmd_simulate)
 
 
@@ -167,17 +268,19 @@ def _bytes_arg(text: str) -> int:
         value = float(num) * mult
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (try 40GiB or 8e9)") from None
-    if value <= 0:
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"byte count must be positive: {text!r}")
+    if not math.isfinite(value) or value > MAX_CAPACITY:
+        raise argparse.ArgumentTypeError(f"byte count {text!r} is beyond any device (at most 1 PiB)")
     return int(value)
 
 
 def _torch_version_arg(text: str) -> str:
     """``--torch``: a version xmem can read (checked before any code runs)."""
-    from xmem_engine.gpus.cuda_libraries import parse_version
+    from xmem_engine.gpus.cuda_libraries import target_version
 
     try:
-        parse_version(text)
+        target_version(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
@@ -189,19 +292,24 @@ def _cmd_simulate(args) -> int:
     from xmem_engine.trace import Trace
     from xmem_engine.simulation.allocator import CachingAllocator
 
+    cfg = _alloc_conf(args.alloc_conf)
+    _check_output(args.snapshot, "--snapshot", args.force, (args.events,))
     try:
         trace = Trace.read_jsonl(args.events)
     except FileNotFoundError:
         raise InputError(f"no such trace file: {args.events}") from None
+    except IsADirectoryError:
+        raise InputError(f"{args.events} is a folder, not a trace file") from None
+    except OSError as e:
+        raise InputError(f"cannot read {args.events}: {e.strerror}") from None
     except ValueError as e:
         raise InputError(str(e)) from None
-    cfg = _alloc_conf(args.alloc_conf)
     history: list | None = [] if args.snapshot else None
     alloc = CachingAllocator(cfg, capacity=args.capacity, history=history)
     try:
         res = simulate(trace, allocator=alloc)
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    except (ValueError, RuntimeError) as e:  # requests that cannot happen on any device
+        raise InputError(f"{args.events}: {e}") from None
     if args.snapshot:
         dump_snapshot(make_snapshot(alloc), args.snapshot)
     summary = {
@@ -241,6 +349,7 @@ def _add_trace(sub) -> None:
     p.add_argument("--events", required=True, metavar="FILE", help="where to write the trace (JSON lines)")
     p.add_argument("--max-iterations", type=int, metavar="N",
                    help="stop the script when training iteration N+1 would start (default: run it all)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --events file")
     p.set_defaults(func=_cmd_trace)
 
 
@@ -250,13 +359,13 @@ def _cmd_trace(args) -> int:
     from xmem_engine.overrides import parse_overrides
     from xmem_engine.tracing import trace_script
 
-    if not os.path.isfile(args.script):
-        raise InputError(f"no such script: {args.script}")
+    _check_script(args.script)
     if args.max_iterations is not None and args.max_iterations < 1:
         raise InputError(f"--max-iterations must be at least 1, not {args.max_iterations}")
+    _check_output(args.events, "--events", args.force, (args.script,))
     with _running_script("trace", args.script, args.mode):
-        tr = trace_script(args.script, mode=args.mode, overrides=parse_overrides(args.overrides),
-                          max_iterations=args.max_iterations)
+        overrides = parse_overrides(args.overrides)
+        tr = trace_script(args.script, mode=args.mode, overrides=overrides, max_iterations=args.max_iterations)
     try:
         tr.write_jsonl(args.events)
     except OSError as e:
@@ -297,26 +406,52 @@ def _add_estimate(sub) -> None:
     p.add_argument("--min-memory", action="store_true",
                    help="also find the least device memory the step runs in (min_device_bytes): the "
                    "allocator frees its cache when memory is short, so this is below the natural peak")
+    p.add_argument("--force", action="store_true", help="overwrite existing --events / --snapshot files")
     p.set_defaults(func=_cmd_estimate)
+
+
+def _check_script(path: str) -> None:
+    import os
+
+    if not os.path.isfile(path):
+        raise InputError(f"no such script: {path}" + (" (it is a folder)" if os.path.isdir(path) else ""))
 
 
 def _cmd_estimate(args) -> int:
     import os
 
-    from xmem_engine.estimate import DEFAULT_GPU, estimate_script, max_batch, resolve_gpu
+    from xmem_engine.estimate import DEFAULT_GPU, SEARCH_LIMIT, estimate_script, max_batch, resolve_gpu
     from xmem_engine.gpus import GPUCatalogError, UnknownGPUError
-    from xmem_engine.overrides import OverrideError, parse_overrides
+    from xmem_engine.overrides import OverrideError, parse_overrides, top_level_value
 
-    if not os.path.isfile(args.script):
-        raise InputError(f"no such script: {args.script}")
+    # Everything the user gave is checked before the script runs.
+    _check_script(args.script)
+    if args.gpu is not None and not args.gpu.strip():
+        raise InputError("--gpu: empty GPU name; `xmem gpus` lists the names")
     try:
         gpu = resolve_gpu(args.gpu or os.environ.get("XMEM_GPU") or DEFAULT_GPU)
         overrides = parse_overrides(args.overrides)
-        _alloc_conf(args.alloc_conf)
     except (UnknownGPUError, GPUCatalogError, OverrideError) as e:
         raise InputError(str(e)) from None
+    _alloc_conf(args.alloc_conf)
     if args.iterations is not None and args.iterations < 1:
-        raise InputError("--iterations must be at least 1")
+        raise InputError(f"--iterations must be at least 1, not {args.iterations}")
+    _check_output(args.events, "--events", args.force, (args.script,))
+    _check_output(args.snapshot, "--snapshot", args.force, (args.script,))
+    if args.events and args.snapshot and os.path.abspath(args.events) == os.path.abspath(args.snapshot):
+        raise InputError(f"--events and --snapshot name the same file ({args.events}); give two files")
+    start = None
+    if args.max_batch:
+        try:
+            start = top_level_value(args.script, args.max_batch)
+        except (OverrideError, SyntaxError) as e:
+            raise InputError(f"--max-batch {args.max_batch}: {e}") from None
+        if not isinstance(start, int) or isinstance(start, bool) or start < 1:
+            raise InputError(f"--max-batch {args.max_batch}: the script assigns it {start!r}; "
+                             "the search needs a positive integer")
+        if args.max_batch in overrides:
+            raise InputError(f"--max-batch {args.max_batch} and --set {args.max_batch}=...: the search sets "
+                             f"{args.max_batch} itself; drop one of them")
 
     def run(ov: dict[str, str]):
         return estimate_script(args.script, gpu, overrides=ov, mode=args.mode, alloc_conf=args.alloc_conf,
@@ -324,17 +459,17 @@ def _cmd_estimate(args) -> int:
 
     # With --json, stdout carries one JSON object: the script's own prints go to stderr.
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
-    best = 0
+    search = None
     with _running_script("estimate", args.script, args.mode):
         with quiet:
             if args.max_batch:
-                from xmem_engine.overrides import top_level_value
-
-                start = top_level_value(args.script, args.max_batch)
-                if not isinstance(start, int) or isinstance(start, bool):
-                    raise InputError(f"--max-batch {args.max_batch}: the script assigns it {start!r}, "
-                                     "not an integer")
-                best, est = max_batch(lambda v: run({**overrides, args.max_batch: str(v)}), start=start)
+                first = run({**overrides, args.max_batch: str(start)})
+                # A real-mode trace holds real CPU tensors: the doubling stops at 16x the
+                # script's own value, so the search cannot exhaust the host's memory.
+                limit = start * 16 if first.mode == "real" else SEARCH_LIMIT
+                search = max_batch(lambda v: first if v == start else run({**overrides, args.max_batch: str(v)}),
+                                   start=start, limit=limit)
+                est = search.estimate
             else:
                 est = run(overrides)
 
@@ -349,15 +484,17 @@ def _cmd_estimate(args) -> int:
         from xmem_engine.simulation.snapshot import dump_snapshot
 
         dump_snapshot(simulated_snapshot(est), args.snapshot)
-    if args.max_batch:
-        out = {"variable": args.max_batch, "max_value": best, "gpu": gpu.key, **(est.to_json() if est else {})}
+    if search is not None:
+        out = {"variable": args.max_batch, "max_value": search.value if not search.unbounded else None,
+               "at_least": search.value, "unbounded": search.unbounded or None, "search_limit": search.limit,
+               "tried": search.tried, "gpu": gpu.key, **(est.to_json() if est else {})}
         if args.json:
             _print_json(out)
         else:
-            print(f"largest {args.max_batch} that fits on {gpu.name}: {best}")
-            if est is not None and best:
+            print(search.describe(args.max_batch, gpu.name))
+            if est is not None and search.value:
                 print(est.summary())
-        return EXIT_OK if best > 0 else EXIT_MISMATCH
+        return EXIT_OK if search.value > 0 else EXIT_MISMATCH
     if args.json:
         _print_json(est.to_json())
     else:

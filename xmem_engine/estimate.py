@@ -24,11 +24,11 @@ from typing import Any, Callable
 
 import torch
 
-from xmem_engine.simulation.alloc_conf import AllocatorConfig, parse_alloc_conf
+from xmem_engine.simulation.alloc_conf import AllocatorConfig, parse_alloc_conf, require_native
 from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.gpus import GPU, get_gpu, load_catalog
 from xmem_engine.simulation.simulate import SimulationResult, simulate
-from xmem_engine.trace import Trace, TraceEvent
+from xmem_engine.trace import ALLOC, Trace, TraceEvent
 
 REPORT_MIME = "application/vnd.xmem.report+json"
 REPORT_VERSION = 1
@@ -213,11 +213,22 @@ def allocator_limit(gpu: GPU, outside_allocator_bytes: int) -> int:
 
 
 def _config(alloc_conf: str | AllocatorConfig | None) -> AllocatorConfig:
+    """The allocator settings, checked before any tracing: xmem simulates the native allocator."""
     if isinstance(alloc_conf, AllocatorConfig):
-        return alloc_conf
-    if alloc_conf is None:
-        return AllocatorConfig.from_env()
-    return parse_alloc_conf(alloc_conf)
+        cfg = alloc_conf
+    elif alloc_conf is None:
+        cfg = AllocatorConfig.from_env()
+    else:
+        cfg = parse_alloc_conf(alloc_conf)
+    return require_native(cfg)
+
+
+def _check_target_torch(torch_version: str | None) -> None:
+    """A named GPU-side PyTorch release must be one xmem models (ValueError otherwise)."""
+    if torch_version is not None:
+        from xmem_engine.gpus.cuda_libraries import target_version
+
+        target_version(torch_version)
 
 
 def estimate(
@@ -240,6 +251,7 @@ def estimate(
 
     target = resolve_gpu(gpu)
     cfg = _config(alloc_conf)
+    _check_target_torch(torch_version)
     t0 = time.perf_counter()
     tr = trace(code, namespace, mode=mode, device=target.properties(), filename=filename,
                max_iterations=iterations)
@@ -261,6 +273,7 @@ def estimate_script(
 
     target = resolve_gpu(gpu)
     cfg = _config(alloc_conf)
+    _check_target_torch(torch_version)
     t0 = time.perf_counter()
     tr = trace_script(path, mode=mode, overrides=overrides, device=target.properties(),
                       max_iterations=iterations)
@@ -284,6 +297,7 @@ def estimate_trace(
     t0 = time.perf_counter()
     target = resolve_gpu(gpu)
     cfg = _config(alloc_conf)
+    _check_target_torch(torch_version)
     version = torch_version or torch.__version__.split("+")[0]
     events, notes = adapt_trace(tr, target, version)
     traced_cc = tuple(tr.meta.get("compute_capability") or ())
@@ -298,6 +312,9 @@ def estimate_trace(
     sim = simulate(events, allocator=CachingAllocator(cfg, capacity=limit,
                                                      device_total=target.total_memory_bytes))
     oom_note = []
+    if not any(e.kind == ALLOC for e in tr.events):
+        oom_note.append("the code put nothing on cuda: is the model moved with .to('cuda') (or .cuda()), and "
+                        "are the inputs created on or moved to the GPU?")
     if sim.oom:
         # The GPU run would stop at the failing request; report what the step needs (an
         # unlimited device), so "short by" says how much is missing.
@@ -364,16 +381,52 @@ def _timeline(sim: SimulationResult, events) -> Timeline:
                     phases, list(sim.iterations))
 
 
+SEARCH_LIMIT = 1 << 40  # far above any GPU: a variable that still fits there does not bound memory
+
+
+@dataclass
+class BatchSearch:
+    """The answer of :func:`max_batch`. Unpacks as ``(value, estimate)``.
+
+    ``value``: the largest value that fits (0: not even 1). When nothing above it was found
+    not to fit, ``unbounded`` says why: ``"independent"`` (the peak did not change over three
+    doublings: memory does not depend on the variable) or ``"limit"`` (the search stopped at
+    ``limit`` with the step still fitting); ``value`` is then a lower bound.
+    """
+
+    value: int
+    estimate: Any  # the Estimate at ``value`` (or at 1 when nothing fits)
+    unbounded: str = ""  # "", "independent" or "limit"
+    limit: int = SEARCH_LIMIT
+    tried: list[int] = field(default_factory=list)
+
+    def __iter__(self):
+        return iter((self.value, self.estimate))
+
+    def describe(self, variable: str, gpu_name: str) -> str:
+        """One sentence for the CLI and the widget."""
+        if self.unbounded == "independent":
+            vals = ", ".join(str(v) for v in sorted(self.tried)[-3:])
+            return (f"{variable} does not change the step's memory on {gpu_name} (the same peak at {vals}): "
+                    f"it fits at any {variable}")
+        if self.unbounded == "limit":
+            return (f"largest {variable} that fits on {gpu_name}: at least {self.value} "
+                    f"(the search stopped at its limit, {self.limit}, with the step still fitting)")
+        return f"largest {variable} that fits on {gpu_name}: {self.value}"
+
+
 def max_batch(
     build: Callable[[int], Estimate],
     *,
     start: int = 1,
-    limit: int = 1 << 20,
-) -> tuple[int, Estimate | None]:
+    limit: int = SEARCH_LIMIT,
+) -> BatchSearch:
     """The largest value ``v`` in [1, limit] with ``build(v).fits`` (0 if not even 1 fits).
 
     Memory grows with the batch, so: from ``start`` double (or halve) until the answer is
-    bracketed, then bisect - about 2 log2(answer / start) estimates, each built once.
+    bracketed, then bisect - about 2 log2(answer / start) estimates, each built once. A
+    variable the peak does not follow (three doublings, one peak) ends the search as
+    ``unbounded="independent"``; reaching ``limit`` still fitting, as ``unbounded="limit"``.
     """
     cache: dict[int, Estimate] = {}
 
@@ -382,22 +435,32 @@ def max_batch(
             cache[v] = build(v)
         return cache[v].fits
 
+    def peak(v: int) -> Any:
+        return getattr(cache[v], "peak_allocated_bytes", None)
+
+    def result(v: int, unbounded: str = "") -> BatchSearch:
+        return BatchSearch(v, cache.get(v, cache.get(1)), unbounded, limit, sorted(cache))
+
     v = max(1, min(start, limit))
     if fits(v):
         lo, hi = v, None
+        same = 0  # doublings in a row that left the peak where it was
         while hi is None:
             nxt = min(lo * 2, limit)
             if nxt == lo:
-                return lo, cache[lo]
+                return result(lo, "limit")
             if fits(nxt):
+                same = same + 1 if peak(nxt) is not None and peak(nxt) == peak(lo) else 0
                 lo = nxt
+                if same >= 2:
+                    return result(lo, "independent")
             else:
                 hi = nxt
     else:
         hi, lo = v, None
         while lo is None:
             if hi == 1:
-                return 0, cache[1]
+                return result(0)
             nxt = hi // 2
             if fits(nxt):
                 lo = nxt
@@ -409,7 +472,7 @@ def max_batch(
             lo = mid
         else:
             hi = mid
-    return lo, cache[lo]
+    return result(lo)
 
 
 def _replay_inputs(est: Estimate, alloc_conf: str | AllocatorConfig | None) -> tuple[list, AllocatorConfig]:

@@ -25,6 +25,20 @@ from xmem_jupyter.progress import Progress, TracerProbe
 from xmem_jupyter.report import one_line, report_bundle
 from xmem_jupyter.session import Session
 
+class CellSyntaxError(Exception):
+    """A syntax error in the cell, shown as Python shows one typed at the prompt: the line
+    and the caret, no frames (IPython would list its own and xmem's above a SyntaxError)."""
+
+    def __init__(self, error: SyntaxError):
+        super().__init__(str(error))
+        self.error = error
+
+    def _render_traceback_(self) -> list[str]:  # IPython's hook for an exception's display
+        import traceback
+
+        return [line.rstrip("\n") for line in traceback.format_exception_only(type(self.error), self.error)]
+
+
 @magics_class
 class XmemMagics(Magics):
     """Holds the notebook's defaults (``%xmem_config``)."""
@@ -131,9 +145,9 @@ class XmemMagics(Magics):
                           alloc_conf=cfg.default_alloc_conf() if args.alloc_conf is None else args.alloc_conf,
                           filename=cell_filename(self.shell.execution_count), iterations=args.iterations)
         try:
-            from xmem_engine.simulation.alloc_conf import parse_alloc_conf
+            from xmem_engine.simulation.alloc_conf import parse_alloc_conf, require_native
 
-            parse_alloc_conf(session.alloc_conf)
+            require_native(parse_alloc_conf(session.alloc_conf))
         except Exception as e:  # the allocator's own error text says what is wrong
             raise UsageError(f"--alloc-conf: {e}") from None
         if args.max_batch and not args.batch_var:
@@ -170,6 +184,8 @@ class XmemMagics(Magics):
                         largest[g] = session.largest_batch(g)
             except KeyboardInterrupt:
                 raise KeyboardInterrupt("xmem: tracing interrupted; the namespace is as it was") from None
+            except SyntaxError as e:  # the cell's line and caret only: nothing of xmem ran it
+                raise CellSyntaxError(e) from None
             except Exception as e:
                 raise strip_to_user_code(e) from None  # the cell's frames, not xmem's or IPython's
             finally:
@@ -183,7 +199,11 @@ class XmemMagics(Magics):
         if args.output:
             ns[args.output] = est
         if args.quiet:
-            extra = "".join(f" | largest {args.batch_var} on {g}: {b}" for g, b in largest.items())
+            def shown(g: str, b: int) -> str:
+                how = getattr(session.searches.get((g, session.alloc_conf)), "unbounded", "")
+                return {"limit": f"at least {b}", "independent": "any"}.get(how, str(b))
+
+            extra = "".join(f" | largest {args.batch_var} on {g}: {shown(g, b)}" for g, b in largest.items())
             print(one_line(est, others) + extra)
             return None
 

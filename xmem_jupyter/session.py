@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from xmem_engine.simulation.alloc_conf import parse_alloc_conf
-from xmem_engine.estimate import Estimate, estimate_trace, max_batch, resolve_gpu
+from xmem_engine.estimate import SEARCH_LIMIT, BatchSearch, Estimate, estimate_trace, max_batch, resolve_gpu
 from xmem_engine.trace import Trace
 
 from xmem_jupyter.batching import with_batch
@@ -50,6 +50,7 @@ class Session:
     traces: dict[int | None, Trace] = field(default_factory=dict)
     estimates: dict[tuple, Estimate] = field(default_factory=dict)
     largest: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpu, conf) -> batch
+    searches: dict[tuple[str, str], BatchSearch] = field(default_factory=dict)  # how each was found
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def trace(self, batch: int | None, setup: tuple[Callable, ...] = ()) -> Trace:
@@ -88,9 +89,11 @@ class Session:
             self.estimates[key] = estimate_trace(tr, gpu, conf, started=t0 if fresh else None)
         return self.estimates[key]
 
-    def largest_batch(self, gpu: str, conf: str | None = None, limit: int = 1 << 14) -> int:
+    def largest_batch(self, gpu: str, conf: str | None = None, limit: int = SEARCH_LIMIT) -> int:
         """The largest batch size that fits ``gpu``: from the cell's own batch size, doubling or
-        halving, then bisection (``max_batch``); each batch size is traced once for all GPUs."""
+        halving, then bisection (``max_batch``); each batch size is traced once for all GPUs.
+        ``searches`` keeps how the answer was found (a lower bound when the search stopped
+        still fitting: memory that does not follow the batch, or the limit)."""
         conf = self.alloc_conf if conf is None else conf
         if (gpu, conf) not in self.largest:
             if not self.batch_var:
@@ -99,6 +102,7 @@ class Session:
             start = self.batch or 1
             if self.traces.get(self.batch) is not None and self.traces[self.batch].mode == "real":
                 limit = min(limit, start * 16)  # real mode allocates real CPU memory
-            best, _ = max_batch(build, start=start, limit=max(limit, start))
-            self.largest[(gpu, conf)] = best
+            search = max_batch(build, start=start, limit=max(limit, start))
+            self.largest[(gpu, conf)] = search.value
+            self.searches[(gpu, conf)] = search
         return self.largest[(gpu, conf)]

@@ -202,8 +202,14 @@ class XmemWidget(widgets.VBox):
             self.compare.value = compare_html(self._estimate(self.batch, g, self.conf) for g in self.compared)
         key = (est.gpu, self.conf)
         if self.session is not None and key in self.session.largest:
+            search = self.session.searches.get(key)
+            how = getattr(search, "unbounded", "")
+            shown = {"limit": f"at least {self.session.largest[key]}", "independent": "any"}.get(
+                how, str(self.session.largest[key]))
+            why = (f" ({escape(self.session.batch_var or '')} does not change the peak)" if how == "independent"
+                   else " (the search stopped at its limit, still fitting)" if how == "limit" else "")
             self.largest.value = (f"&nbsp; largest {escape(self.session.batch_var or '')} that fits {est.gpu}: "
-                                  f"<b class='xmem-largest'>{self.session.largest[key]}</b>")
+                                  f"<b class='xmem-largest'>{shown}</b>{why}")
         elif self.session is not None and self.session.batch_var:
             self.largest.value = ""
         least = self._least.get((self.batch, est.gpu, self.conf))

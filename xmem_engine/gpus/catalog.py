@@ -132,6 +132,7 @@ class GPU:
             "major": self.major,
             "minor": self.minor,
             "multi_processor_count": self.sm_count,
+            "context_bytes": self.context_bytes,  # not a device property: mem_get_info's "free" leaves it out
         }
 
     def estimated_fields(self) -> list[str]:
@@ -219,6 +220,8 @@ def _check_field(origin: str, key: str, name: str, value: Any) -> None:
         raise GPUCatalogError(f"{where} must not be negative, got {value!r}")
     if name == "compute_capability" and not re.fullmatch(r"\d+\.\d+", value):
         raise GPUCatalogError(f"{where} must look like \"8.0\", got {value!r}")
+    if name == "name" and not value.strip():
+        raise GPUCatalogError(f"{where} must not be empty: the name torch.cuda.get_device_name() reports")
     if name == "aliases" and not all(isinstance(a, str) and a.strip() for a in value):
         raise GPUCatalogError(f"{where} must be a list of non-empty strings, got {value!r}")
     if name == "sources" and not all(isinstance(v, str) for v in value.values()):
@@ -259,6 +262,14 @@ def _build(key: str, entry: dict[str, Any], origin: str) -> GPU:
         raise GPUCatalogError(
             f"{origin}: GPU '{key}': missing field(s) {', '.join(missing)}\n\n{ADD_GPU_HELP}"
         )
+    if not key.strip():
+        raise GPUCatalogError(f"{origin}: a GPU with an empty key: name it [gpus.\"MY-GPU\"]")
+    kernel_bytes = entry.get("kernel_bytes", DEFAULT_KERNEL_BYTES)
+    if entry["context_bytes"] + kernel_bytes >= entry["total_memory_bytes"]:
+        raise GPUCatalogError(
+            f"{origin}: GPU '{key}': context_bytes ({entry['context_bytes']:,}) + kernel_bytes ({kernel_bytes:,}) "
+            f"leave nothing of total_memory_bytes ({entry['total_memory_bytes']:,}) for tensors; "
+            "context_bytes is the CUDA context (hundreds of MiB), total_memory_bytes the device's memory")
     major, minor = (int(p) for p in entry["compute_capability"].split("."))
     sources = dict(entry.get("sources", {}))
     if "kernel_bytes" not in entry:
@@ -271,7 +282,7 @@ def _build(key: str, entry: dict[str, Any], origin: str) -> GPU:
         sm_count=entry["sm_count"],
         cublas_workspace_bytes=entry["cublas_workspace_bytes"],
         context_bytes=entry["context_bytes"],
-        kernel_bytes=entry.get("kernel_bytes", DEFAULT_KERNEL_BYTES),
+        kernel_bytes=kernel_bytes,
         aliases=tuple(entry.get("aliases", ())),
         sources=sources,
         nvidia_smi_memory_mib=entry.get("nvidia_smi_memory_mib"),
@@ -316,6 +327,8 @@ def get_gpu(name: str, catalog: Mapping[str, GPU] | None = None) -> GPU:
     """The catalog GPU a user-typed name means; UnknownGPUError lists close matches."""
     if isinstance(name, GPU):
         return name
+    if not isinstance(name, str) or not name.strip():
+        raise UnknownGPUError(f"empty GPU name {name!r}: `xmem gpus` lists the names (e.g. A100-40GB, T4, H100)")
     if catalog is None:
         catalog = load_catalog()
     if name in catalog:

@@ -92,6 +92,21 @@ def parse_version(text: str | None = None) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
+# The GPU-side PyTorch releases whose library behaviour is modelled (``--torch VERSION``).
+TARGET_TORCH: tuple[tuple[int, int], tuple[int, int]] = ((2, 4), (2, 14))
+
+
+def target_version(text: str) -> tuple[int, int]:
+    """``parse_version`` for a version the user names (``--torch``): a release outside
+    :data:`TARGET_TORCH` is refused, since its rules would be a guess."""
+    v = parse_version(text)
+    (lo, hi) = TARGET_TORCH
+    if not lo <= v <= hi:
+        raise ValueError(f"PyTorch {text.strip()} is outside the releases xmem models on the GPU side "
+                         f"({lo[0]}.{lo[1]} to {hi[0]}.{hi[1]})")
+    return v
+
+
 def _env_flag(env, name: str) -> bool | None:
     """c10::utils::check_env: "1"/"true" -> True, "0"/"false" -> False, else unset."""
     value = (env.get(name) or "").strip().lower()

@@ -211,3 +211,12 @@ def parse_alloc_conf(text: str) -> AllocatorConfig:
         if r.peek() is not None:
             r.expect(",", key)
     return cfg
+
+
+def require_native(cfg: AllocatorConfig) -> AllocatorConfig:
+    """``cfg``, if xmem can simulate it: ``backend:cudaMallocAsync`` hands every request to
+    CUDA's stream-ordered allocator, whose pool rules are not PyTorch's (AllocConfError)."""
+    if cfg.backend != "native":
+        raise AllocConfError(f"backend:{cfg.backend} bypasses PyTorch's caching allocator, which is what xmem "
+                             "simulates; leave the backend out (or use backend:native)")
+    return cfg

@@ -43,6 +43,7 @@ DEFAULT_DEVICE: dict[str, Any] = {
     "major": 8,
     "minor": 0,
     "multi_processor_count": 108,
+    "context_bytes": 446_693_376,  # the catalog's A100-SXM4-40GB
 }
 
 
@@ -64,9 +65,10 @@ class DeviceProperties:
     @classmethod
     def from_dict(cls, device: dict | None) -> "DeviceProperties":
         d = dict(DEFAULT_DEVICE)
-        if device:  # other keys (a catalog's extra fields) are not device properties
-            d.update({k: v for k, v in device.items() if k in cls.__dataclass_fields__})
-        return cls(**d)
+        if device:
+            d.update(device)
+        # other keys (the context, a catalog's extra fields) are not device properties
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     def __repr__(self) -> str:  # the format torch prints
         return (
@@ -165,6 +167,8 @@ class VirtualCuda:
     def __init__(self, tracer: Recorder, device: dict | None = None):
         self.tracer = tracer
         self.props = DeviceProperties.from_dict(device)
+        # The CUDA context the process holds on the target GPU: mem_get_info's "free" leaves it out.
+        self.context_bytes = int((device or DEFAULT_DEVICE).get("context_bytes", DEFAULT_DEVICE["context_bytes"]))
         self.default_stream = VirtualStream(stream_id=0)
         self.current_stream = self.default_stream
         self.memory_fraction = 1.0
@@ -211,7 +215,10 @@ class VirtualCuda:
                 reset()
 
         def mem_get_info(device: Any = None) -> tuple[int, int]:
-            return (max(p.total_memory - t.allocator.memory_reserved(), 0), p.total_memory)
+            """(free, total) as the driver reports them: the context and what the allocator
+            holds are not free."""
+            used = self.context_bytes + t.allocator.memory_reserved()
+            return (max(p.total_memory - used, 0), p.total_memory)
 
         def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
             mib = 1024 * 1024
