@@ -120,6 +120,19 @@ def test_largest_batch_readout():
     assert f">{big.largest[('T4', '')]}<" in w.largest.value
 
 
+def test_largest_batch_of_a_variable_memory_does_not_follow():
+    """The search does not report its limit as the answer: the batch variable here sizes
+    nothing on the GPU, so the widget says any batch fits (it used to show 16384)."""
+    flat = Session(source="import torch\nbatch = 32\nt = torch.empty(64, 1 << 20, device='cuda')\n",
+                   namespace={}, gpus=["T4"], batch_var="batch", batch=32, batch_values=[32, 64])
+    w = XmemWidget(flat.estimate(32, "T4"), session=flat)
+    w._on_find()
+    _wait(w, 300)
+    assert flat.searches[("T4", "")].unbounded == "independent"
+    assert ">any<" in w.largest.value and "does not change the peak" in w.largest.value
+    assert "16384" not in w.largest.value
+
+
 def test_report_escapes_user_strings_and_carries_the_mime(session):
     est = session.estimate(32, "A100-SXM4-40GB")
     evil = dataclasses.replace(est, breakdown_by_module={"<img src=x onerror=alert(1)>": 1024},
