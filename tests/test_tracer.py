@@ -548,3 +548,44 @@ torch.cuda.memory._record_memory_history(enabled=None)
     from xmem_engine.simulation.snapshot import load_snapshot
 
     assert load_snapshot(out)["segments"]
+
+
+# Ops that save their own output for backward (exp, sigmoid, tanh, sqrt, norms) must not tie
+# the output to its graph in a cycle: a forward with grad enabled and no backward (an
+# evaluation loop without no_grad) frees its graph when the output goes, as on a GPU.
+FORWARD_ONLY = """
+import torch
+m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Sigmoid(), torch.nn.Linear(256, 256)).cuda()
+x = torch.randn(64, 256, device="cuda")
+start = torch.cuda.memory_allocated()
+for _ in range(3):
+    y = m(x).exp().tanh().sqrt()
+    del y
+end = torch.cuda.memory_allocated()
+"""
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_a_forward_only_loop_returns_to_its_start(mode):
+    ns: dict = {}
+    trace(FORWARD_ONLY, ns, mode=mode)
+    assert ns["end"] == ns["start"]
+
+
+# After backward the tracer keeps nothing of the graph: a gradient the user drops is freed.
+DROP_GRAD = """
+import torch
+emb = torch.nn.Embedding(4096, 1024).cuda()
+ids = torch.randint(0, 4096, (8, 16), device="cuda")
+emb(ids).sum().backward()
+before = torch.cuda.memory_allocated()
+emb.weight.grad = None
+after = torch.cuda.memory_allocated()
+"""
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_a_dropped_gradient_is_freed_after_backward(mode):
+    ns: dict = {}
+    trace(DROP_GRAD, ns, mode=mode)
+    assert ns["before"] - ns["after"] == 4096 * 1024 * 4

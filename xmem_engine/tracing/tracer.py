@@ -430,9 +430,15 @@ class Tracer:
         self.set_phase(Phase.OTHER)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        """Autograd saves ``t`` for backward: an activation. What is kept is a detached alias
+        (same storage, no allocation): ``t`` itself would hold its own graph node when an op
+        saves its output (exp, sigmoid, tanh...), a cycle through C++ that Python's collector
+        cannot see, so a forward with no backward would never be freed. Autograd re-attaches
+        the graph on unpack from what it saved beside the tensor, double backward included."""
         if self.phase == Phase.FORWARD:
             self._upgrade(t, Category.ACTIVATION)
-        return t
+        with torch._C.DisableTorchFunction():
+            return t.detach()
 
     @contextlib.contextmanager
     def backward_phase(self) -> Iterator[None]:
