@@ -18,6 +18,16 @@ def cell_filename(execution_count: int | None) -> str:
     return f"In[{execution_count}]" if execution_count else "In[ ]"
 
 
+def running_cell_number(shell) -> int | None:
+    """The number the notebook shows on the cell now running. IPython 9 counts a cell in
+    ``execution_count`` before running it (IPython 8 after), so that attribute is one ahead
+    there; the last cell IPython compiled (the one calling the magic) is right in both."""
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    if names:
+        return list(names.values())[-1]
+    return getattr(shell, "execution_count", None)
+
+
 def register(source: str, filename: str) -> None:
     """Make ``source`` what tracebacks show for ``filename``."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)

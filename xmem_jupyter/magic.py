@@ -19,7 +19,7 @@ from xmem_engine.trace import MODES
 from xmem_engine.tracing import strip_to_user_code
 
 from xmem_jupyter.batching import BatchSpecError, current_batch, default_batch_values, parse_batch_values
-from xmem_jupyter.cellcode import cell_filename
+from xmem_jupyter.cellcode import cell_filename, running_cell_number
 from xmem_jupyter.config import Config
 from xmem_jupyter.progress import Progress, TracerProbe
 from xmem_jupyter.report import one_line, report_bundle
@@ -143,7 +143,7 @@ class XmemMagics(Magics):
             raise UsageError("--iterations must be at least 1")
         session = Session(source=source, namespace=ns, gpus=gpus, mode=args.mode or cfg.default_mode(),
                           alloc_conf=cfg.default_alloc_conf() if args.alloc_conf is None else args.alloc_conf,
-                          filename=cell_filename(self.shell.execution_count), iterations=args.iterations)
+                          filename=cell_filename(running_cell_number(self.shell)), iterations=args.iterations)
         try:
             from xmem_engine.simulation.alloc_conf import parse_alloc_conf, require_native
 
