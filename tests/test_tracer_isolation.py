@@ -136,12 +136,25 @@ def test_user_state_survives_a_failing_trace():
         assert torch.equal(p.detach(), before[n]) and p.device.type == "cpu"
 
 
+def _settings() -> tuple:
+    m = torch.backends.cuda.matmul
+    return (torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.is_grad_enabled(),
+            torch.get_default_device(), torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled(),
+            torch.backends.cudnn.allow_tf32, m.allow_tf32, m.allow_fp16_reduced_precision_reduction,
+            m.allow_bf16_reduced_precision_reduction, str(torch._tensor_str.PRINT_OPTS.__dict__))
+
+
 def test_global_settings_and_default_device_are_restored():
-    before = (torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.is_grad_enabled(),
-              torch.get_default_device())
+    before = _settings()
     src = """
 import torch
 torch.backends.cudnn.benchmark = not torch.backends.cudnn.benchmark
+torch.autograd.set_detect_anomaly(True, check_nan=False)
+torch.backends.cudnn.allow_tf32 = not torch.backends.cudnn.allow_tf32
+torch.backends.cuda.matmul.allow_tf32 = not torch.backends.cuda.matmul.allow_tf32
+torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+torch.set_printoptions(precision=2, sci_mode=True, linewidth=40, threshold=5, edgeitems=1)
 torch.set_default_dtype(torch.float64)
 torch.set_default_device("cuda")
 w = torch.empty(10)                 # on the (virtual) GPU by default now, float64
@@ -152,9 +165,7 @@ torch.set_grad_enabled(False)
     tr = trace(src, ns, mode="fake")
     assert ns["dev"] == "cuda:0"
     assert [(e.bytes, e.dtype) for e in tr.events if e.kind == "alloc"] == [(80, "float64")]
-    after = (torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.is_grad_enabled(),
-             torch.get_default_device())
-    assert after == before
+    assert _settings() == before
     assert torch._C._len_torch_function_stack() == 0
 
 
@@ -173,3 +184,16 @@ def test_user_containers_do_not_receive_fake_tensors():
     trace("x = torch.ones(3, device='cuda')\nhistory.append(x)\ncache['x'] = x\nhistory.append(2)\n", ns, mode="fake")
     assert ns["history"] is history and history == [1.5]
     assert ns["cache"] is cache and cache == {"kept": 1}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_numpy_arrays_shared_with_tensors_are_not_written_through(mode):
+    import numpy as np
+
+    arr = np.arange(6.0)
+    held = {"data": [np.ones(3)]}  # reachable through a container too
+    ns = {"arr": arr, "held": held, "torch": torch}
+    trace("t = torch.from_numpy(arr)\nt.add_(5)\nu = torch.from_numpy(held['data'][0]).mul_(3)\n"
+          "y = t.cuda() * 2\n", ns, mode=mode)
+    assert arr.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert held["data"][0].tolist() == [1.0, 1.0, 1.0]

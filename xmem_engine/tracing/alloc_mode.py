@@ -118,7 +118,7 @@ class AllocMode(TorchDispatchMode):
         in_backward = tr.phase == "backward" and self.backward_writes.node_changed() is not None
         if in_backward:  # gradient sums and scatters in place, as on a GPU (grad_accumulation.py)
             func, args, kwargs = self.backward_writes.rewrite(func, args, kwargs) or (func, args, kwargs)
-        if tr.user_state is not None and tr.user_state.storages:
+        if tr.user_state is not None and tr.user_state.watching:
             mutable = self.mutable.get(func)
             if mutable is None:
                 mutable = self.mutable[func] = _is_mutable(func)

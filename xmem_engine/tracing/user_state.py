@@ -59,13 +59,23 @@ class UserState:
     # The user's lists, dicts and sets with a shallow copy (traced code may append to them).
     containers: list[tuple[Any, Any]] = field(default_factory=list)
     originals: dict[int, torch.UntypedStorage] = field(default_factory=dict)
+    # The user's numpy arrays as (first byte, end, array): ``torch.from_numpy`` tensors share
+    # their memory, so an in-place op of the traced code would write into them. Copied on
+    # first write, put back afterwards.
+    arrays: list[tuple[int, int, Any]] = field(default_factory=list)
+    array_originals: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    watching: bool = False  # anything to copy on write (read by the dispatch mode on every op)
 
     @classmethod
     def capture(cls, roots: Iterable[Any]) -> "UserState":
         """Snapshot everything reachable from ``roots`` (values are copied lazily, on first write)."""
         st = cls()
-        modules, optimizers, tensors, containers = _find(roots)
+        modules, optimizers, tensors, containers, arrays = _find(roots)
         st.containers = [(c, c.copy()) for c in containers]
+        for a in arrays:
+            if a.flags.writeable and a.nbytes:
+                start = a.__array_interface__["data"][0]
+                st.arrays.append((start, start + a.nbytes, a))
         seen_tensors: dict[int, torch.Tensor] = {id(t): t for t in tensors}
         for m in modules:
             for sub in m.modules():
@@ -102,6 +112,7 @@ class UserState:
                     st.storages[storage._cdata] = storage
         st.rng = _rng_state()
         st.settings = _settings()
+        st.watching = bool(st.storages or st.arrays)
         return st
 
     def restore(self) -> None:
@@ -147,6 +158,12 @@ class UserState:
             for key, original in self.originals.items():
                 self.storages[key].copy_(original)
         self.originals.clear()
+        if self.array_originals:
+            import numpy as np
+
+            for arr, saved in self.array_originals.values():
+                np.copyto(arr, saved)
+            self.array_originals.clear()
         _set_rng_state(self.rng)
         _restore_settings(self.settings)
 
@@ -159,9 +176,15 @@ class UserState:
 
             with _disable_current_modes():  # a real copy, not a fake one, and not traced
                 self.originals[key] = storage.clone()
+        elif self.arrays and storage.device.type == "cpu":  # fake tensors have meta storages
+            ptr = storage.data_ptr()
+            for start, end, arr in self.arrays:
+                if start <= ptr < end and id(arr) not in self.array_originals:
+                    self.array_originals[id(arr)] = (arr, arr.copy())
 
 
 _SDP = ("flash", "mem_efficient", "math", "cudnn")
+_PRINT = ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")
 _SETTINGS = (
     ("cudnn.benchmark", lambda: torch.backends.cudnn.benchmark,
      lambda v: setattr(torch.backends.cudnn, "benchmark", v)),
@@ -170,6 +193,18 @@ _SETTINGS = (
     ("cudnn.enabled", lambda: torch.backends.cudnn.enabled, lambda v: setattr(torch.backends.cudnn, "enabled", v)),
     ("cuda.matmul.allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32,
      lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v)),
+    ("cudnn.allow_tf32", lambda: torch.backends.cudnn.allow_tf32,
+     lambda v: setattr(torch.backends.cudnn, "allow_tf32", v)),
+    ("cuda.matmul.allow_fp16_reduced_precision_reduction",
+     lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+     lambda v: setattr(torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction", v)),
+    ("cuda.matmul.allow_bf16_reduced_precision_reduction",
+     lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+     lambda v: setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", v)),
+    ("anomaly", lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+     lambda v: torch.set_anomaly_enabled(*v)),
+    ("print_options", lambda: tuple(getattr(torch._tensor_str.PRINT_OPTS, k) for k in _PRINT),
+     lambda v: torch.set_printoptions(**dict(zip(_PRINT, v)))),
     ("default_dtype", torch.get_default_dtype, torch.set_default_dtype),
     ("matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
     ("deterministic", torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
@@ -218,9 +253,10 @@ def _same_binding(t: torch.Tensor, alias: torch.Tensor) -> bool:
 
 
 def _find(roots: Iterable[Any]) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer], list[torch.Tensor],
-                                         list[list | dict | set]]:
-    """Modules, optimizers, tensors and mutable containers reachable from ``roots`` through
-    containers and attributes."""
+                                         list[list | dict | set], list[Any]]:
+    """Modules, optimizers, tensors, mutable containers and numpy arrays reachable from
+    ``roots`` through containers and attributes."""
+    arrays: dict[int, Any] = {}
     containers: dict[int, list | dict | set] = {}
     modules: dict[int, torch.nn.Module] = {}
     optimizers: dict[int, torch.optim.Optimizer] = {}
@@ -238,6 +274,8 @@ def _find(roots: Iterable[Any]) -> tuple[list[torch.nn.Module], list[torch.optim
             optimizers[id(obj)] = obj
         elif isinstance(obj, torch.Tensor):
             tensors[id(obj)] = obj
+        elif type(obj).__name__ == "ndarray" and type(obj).__module__ == "numpy":
+            arrays[id(obj)] = obj
         elif depth < _MAX_DEPTH:
             if type(obj) in (list, dict, set) or isinstance(obj, (list, dict, set)) and type(obj).__module__ == "collections":
                 containers[id(obj)] = obj
@@ -248,7 +286,8 @@ def _find(roots: Iterable[Any]) -> tuple[list[torch.nn.Module], list[torch.optim
             elif hasattr(obj, "__dict__") and not isinstance(obj, type) and not callable(obj) \
                     and type(obj).__module__ not in ("builtins",) and not _is_module_object(obj):
                 stack.extend((v, depth + 1) for v in vars(obj).values())
-    return list(modules.values()), list(optimizers.values()), list(tensors.values()), list(containers.values())
+    return (list(modules.values()), list(optimizers.values()), list(tensors.values()), list(containers.values()),
+            list(arrays.values()))
 
 
 def _is_module_object(obj: Any) -> bool:
