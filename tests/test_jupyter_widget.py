@@ -149,6 +149,24 @@ def test_report_escapes_user_strings_and_carries_the_mime(session):
     json.dumps(bundle)  # JSON-ready
 
 
+def test_markup_in_a_users_catalog_is_text(tmp_path, monkeypatch):
+    """A GPU key and name with markup in the user's catalog file never reach the widget's HTML raw."""
+    evil = "<img src=x onerror=alert(1)>"
+    f = tmp_path / "gpus.toml"
+    f.write_text(f'[gpus."{evil}"]\nname = "{evil} GPU"\ntotal_memory_bytes = 8589934592\n'
+                 'compute_capability = "8.6"\nsm_count = 10\ncublas_workspace_bytes = 8519680\n'
+                 'context_bytes = 314572800\n')
+    monkeypatch.setenv("XMEM_GPUS_FILE", str(f))
+    s = Session(source="import torch\nbatch = 4\nt = torch.empty(batch, 1 << 20, device='cuda')\n",
+                namespace={}, gpus=[evil], batch_var="batch", batch=4, batch_values=[4, 8])
+    w = XmemWidget(s.estimate(4, evil), session=s)
+    s.largest[(evil, "")] = 4
+    w._least[(4, evil, "")] = 1 << 30
+    w._refresh_text()
+    html = "".join(x.value for x in (w.headline, w.compare, w.largest, w.least, w.breakdown, w.notes))
+    assert "<img" not in html and "&lt;img" in html
+
+
 def test_bokehjs_loader_is_inline_and_shared():
     out = bokeh_loader()
     assert out is bokeh_loader()

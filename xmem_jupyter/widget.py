@@ -208,7 +208,7 @@ class XmemWidget(widgets.VBox):
                 how, str(self.session.largest[key]))
             why = (f" ({escape(self.session.batch_var or '')} does not change the peak)" if how == "independent"
                    else " (the search stopped at its limit, still fitting)" if how == "limit" else "")
-            self.largest.value = (f"&nbsp; largest {escape(self.session.batch_var or '')} that fits {est.gpu}: "
+            self.largest.value = (f"&nbsp; largest {escape(self.session.batch_var or '')} that fits {escape(est.gpu)}: "
                                   f"<b class='xmem-largest'>{shown}</b>{why}")
         elif self.session is not None and self.session.batch_var:
             self.largest.value = ""
