@@ -197,3 +197,61 @@ def test_numpy_arrays_shared_with_tensors_are_not_written_through(mode):
           "y = t.cuda() * 2\n", ns, mode=mode)
     assert arr.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert held["data"][0].tolist() == [1.0, 1.0, 1.0]
+
+
+# However a cell reaches a model that existed before it, the model, its gradients and its
+# optimizer are as they were afterwards: not only what the namespace names directly.
+REACH = """
+import functools, torch
+class Slotted:
+    __slots__ = ("net",)
+    def __init__(self, net): self.net = net
+class Trainer:
+    def __init__(self, net): self.net = net
+    def __call__(self): return step(self.net)
+def step(net):
+    opt = OPTS[id(net)]
+    loss = net.cuda()(torch.randn(4, 8, device="cuda")).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+"""
+
+
+def _models(n):
+    torch.manual_seed(0)
+    return [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_models_reached_any_way_are_left_unchanged(mode):
+    import functools
+
+    helpers: dict = {}
+    exec(REACH, helpers)
+    nets = _models(8)
+    opts = {id(n): torch.optim.Adam(n.parameters(), lr=0.1) for n in nets}
+    helpers["OPTS"] = opts
+    step = helpers["step"]
+    direct, closed, called, partial, slotted, deep, global_, attr = nets
+
+    def closure():
+        step(closed)
+
+    holder = type("Holder", (), {})()
+    holder.inner = {"a": [{"b": {"c": [attr]}}]}  # deeper than the namespace walk goes
+    helpers["G"] = global_
+    exec("def via_global():\n    step(G)\n", helpers)
+    ns = {"step": step, "direct": direct, "closure": closure, "trainer": helpers["Trainer"](called),
+          "partial": functools.partial(step, partial), "slotted": helpers["Slotted"](slotted),
+          "deep": [[[[[[deep]]]]]], "via_global": helpers["via_global"], "holder": holder}
+    before = [[p.detach().clone() for p in n.parameters()] for n in nets]
+    code = ("step(direct)\nclosure()\ntrainer()\npartial()\nstep(slotted.net)\nstep(deep[0][0][0][0][0][0])\n"
+            "via_global()\nstep(holder.inner['a'][0]['b']['c'][0])\n")
+    trace(code, ns, mode=mode)
+    for i, n in enumerate(nets):
+        for p, b in zip(n.parameters(), before[i]):
+            assert not isinstance(p, FakeTensor) and not isinstance(p.data, FakeTensor), i
+            assert p.device.type == "cpu" and torch.equal(p.detach(), b), i
+            assert p.grad is None, i
+        assert not opts[id(n)].state, i

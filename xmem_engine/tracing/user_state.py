@@ -9,14 +9,18 @@ callable, from its globals and closure) and puts all of it back afterwards.
 
 from __future__ import annotations
 
+import functools
 import random
+import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
 
-_MAX_DEPTH = 3  # how far into containers / object attributes the search for user objects goes
-_MAX_ITEMS = 10_000
+from xmem_engine.tracing.frames import is_user_file
+
+_MAX_DEPTH = 8  # how far into containers / object attributes the search for user objects goes
+_MAX_ITEMS = 20_000
 
 
 @dataclass
@@ -279,21 +283,48 @@ def _find(roots: Iterable[Any]) -> tuple[list[torch.nn.Module], list[torch.optim
         elif depth < _MAX_DEPTH:
             if type(obj) in (list, dict, set) or isinstance(obj, (list, dict, set)) and type(obj).__module__ == "collections":
                 containers[id(obj)] = obj
-            if isinstance(obj, dict):
-                stack.extend((v, depth + 1) for v in obj.values())
-            elif isinstance(obj, (list, tuple, set, frozenset)):
-                stack.extend((v, depth + 1) for v in obj)
-            elif hasattr(obj, "__dict__") and not isinstance(obj, type) and not callable(obj) \
-                    and type(obj).__module__ not in ("builtins",) and not _is_module_object(obj):
-                stack.extend((v, depth + 1) for v in vars(obj).values())
+            stack.extend((v, depth + 1) for v in _reachable(obj))
     return (list(modules.values()), list(optimizers.values()), list(tensors.values()), list(containers.values()),
             list(arrays.values()))
 
 
-def _is_module_object(obj: Any) -> bool:
-    import types
+def _reachable(obj: Any) -> list[Any]:
+    """What user code can reach from ``obj``: container items; an object's attributes, its
+    ``__slots__`` too (a callable object's as well); a partial's function and arguments; a
+    user function's closure, defaults and the globals it names (a training step that reaches
+    the model through a module-level name); a bound method's object."""
+    if isinstance(obj, dict):
+        return list(obj.values())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return list(obj)
+    if isinstance(obj, (type, types.ModuleType, str, bytes, int, float, complex)):
+        return []
+    if isinstance(obj, functools.partial):
+        return [obj.func, *obj.args, *obj.keywords.values()]
+    if isinstance(obj, types.MethodType):
+        return [obj.__self__, obj.__func__]
+    if isinstance(obj, types.FunctionType):
+        if not is_user_file(obj.__code__.co_filename):
+            return []  # a library's function: its module's globals are not the user's objects
+        g = obj.__globals__
+        return ([g[n] for n in obj.__code__.co_names if n in g and not n.startswith("__")]
+                + [c.cell_contents for c in (obj.__closure__ or ()) if _cell_has(c)]
+                + list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values()))
+    out = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
+    for cls in type(obj).__mro__:
+        for slot in getattr(cls, "__slots__", ()) if not isinstance(getattr(cls, "__slots__", ()), str) else (
+                cls.__slots__,):
+            if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
+                out.append(getattr(obj, slot))
+    return out
 
-    return isinstance(obj, types.ModuleType)
+
+def _cell_has(c: types.CellType) -> bool:
+    try:
+        c.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 def _rng_state() -> tuple:
