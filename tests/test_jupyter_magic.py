@@ -159,3 +159,13 @@ def test_iterations_and_max_batch(ip, ns, capsys):
 def test_help_has_examples(ip):
     doc = ip.find_cell_magic("xmem").__doc__
     assert "%%xmem --gpu" in doc and "--batch-var" in doc and "What persists" in doc
+
+
+def test_a_syntax_error_in_a_cell_shows_the_line_only(ip):
+    from xmem_jupyter.magic import CellSyntaxError
+
+    res = ip.run_cell("%%xmem --quiet\nimport torch\nx = (\n")
+    assert not res.success and isinstance(res.error_in_exec, CellSyntaxError)
+    lines = res.error_in_exec._render_traceback_()
+    assert lines[0].strip().startswith('File "In[') and lines[-1].startswith("SyntaxError")
+    assert not any("xmem" in line or "IPython" in line for line in lines)
