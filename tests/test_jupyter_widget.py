@@ -115,9 +115,16 @@ def test_largest_batch_readout():
     w = XmemWidget(big.estimate(32, "T4"), session=big)
     w._on_find()
     _wait(w, 300)
-    assert "largest batch that fits T4" in w.largest.value
-    assert 40 <= big.largest[("T4", "")] <= 60
-    assert f">{big.largest[('T4', '')]}<" in w.largest.value
+    assert "largest batch that fits Tesla T4" in w.largest.value  # the GPU's name, as in the headline
+    best = big.largest[("T4", "")]
+    assert 40 <= best <= 60
+    assert f">{best}<" in w.largest.value
+    # it can be applied: the slider (64 at most) gains the value and moves there
+    assert w.apply_button.layout.display is None and w.apply_button.description == f"use {best}"
+    w._on_apply_largest()
+    _wait(w, 300)
+    assert best in w.batch_slider.options and w.batch_slider.value == best == w.batch
+    assert w.est.fits and w.apply_button.layout.display == "none"
 
 
 def test_largest_batch_of_a_variable_memory_does_not_follow():

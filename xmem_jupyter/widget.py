@@ -90,6 +90,10 @@ class XmemWidget(widgets.VBox):
         self.largest = widgets.HTML()
         self.find_button = widgets.Button(description="largest batch that fits", icon="search",
                                           layout=widgets.Layout(width="15em"))
+        self.apply_button = widgets.Button(description="use it", icon="check", layout=widgets.Layout(
+            width="8em", display="none"), tooltip="set the batch slider to the largest batch that fits")
+        self.apply_button.add_class("xmem-apply-largest")
+        self.apply_button.on_click(self._on_apply_largest)
         self.least = widgets.HTML()
         self.least_button = widgets.Button(
             description="least memory", icon="compress", layout=widgets.Layout(width="11em"),
@@ -122,7 +126,8 @@ class XmemWidget(widgets.VBox):
         self._refresh_text()
         super().__init__([bokeh_loader(), self.headline, self.compare,
                           widgets.HBox(controls, layout=widgets.Layout(flex_flow="row wrap")),
-                          widgets.HBox([self.conf_note, self.largest, self.least]), self.progress, self.bokeh,
+                          widgets.HBox([self.conf_note, self.largest, self.apply_button, self.least]),
+                          self.progress, self.bokeh,
                           self.breakdown, self.notes], **kwargs)
         self.add_class("xmem-widget")
 
@@ -208,13 +213,18 @@ class XmemWidget(widgets.VBox):
                 how, str(self.session.largest[key]))
             why = (f" ({escape(self.session.batch_var or '')} does not change the peak)" if how == "independent"
                    else " (the search stopped at its limit, still fitting)" if how == "limit" else "")
-            self.largest.value = (f"&nbsp; largest {escape(self.session.batch_var or '')} that fits {escape(est.gpu)}: "
-                                  f"<b class='xmem-largest'>{shown}</b>{why}")
+            self.largest.value = (f"&nbsp; largest {escape(self.session.batch_var or '')} that fits "
+                                  f"{escape(est.gpu_name)}: <b class='xmem-largest'>{shown}</b>{why}")
+            best = self.session.largest[key]
+            usable = how != "independent" and best > 0 and best != self.batch
+            self.apply_button.description = f"use {best}"
+            self.apply_button.layout.display = None if usable else "none"
         elif self.session is not None and self.session.batch_var:
             self.largest.value = ""
+            self.apply_button.layout.display = "none"
         least = self._least.get((self.batch, est.gpu, self.conf))
         self.least.value = "" if least is None else (
-            f"&nbsp; runs in as little as <b class='xmem-least'>{human(least)}</b> on {escape(est.gpu)} "
+            f"&nbsp; runs in as little as <b class='xmem-least'>{human(least)}</b> on {escape(est.gpu_name)} "
             f"(peak {human(est.peak_device_bytes)}; no margin for variation)")
         notes = list(est.notes) + list(self.flame.notes)
         self.notes.value = "".join(f"<div style='color:#666;font-size:12px'>{escape(n)}</div>" for n in notes)
@@ -296,6 +306,22 @@ class XmemWidget(widgets.VBox):
             return None
 
         self._background(f"finding the least memory on {est.gpu}:", work)
+
+    def _on_apply_largest(self, _button=None) -> None:
+        """Show the largest batch that fits: the slider gains that value (its range follows
+        the search) and moves to it, which traces it as any slider move does."""
+        assert self.session is not None and self.batch_slider is not None
+        best = self.session.largest.get((self.est.gpu, self.conf))
+        if not best:
+            return
+        if best not in self.session.batch_values:
+            self.session.batch_values = sorted(set(self.session.batch_values) | {best})
+            current = self.batch_slider.value
+            self.batch_slider.unobserve(self._on_batch, "value")
+            self.batch_slider.options = self.session.batch_values
+            self.batch_slider.value = current
+            self.batch_slider.observe(self._on_batch, "value")
+        self.batch_slider.value = best
 
     def _on_find(self, _button=None) -> None:
         assert self.session is not None
