@@ -589,3 +589,37 @@ def test_a_dropped_gradient_is_freed_after_backward(mode):
     ns: dict = {}
     trace(DROP_GRAD, ns, mode=mode)
     assert ns["before"] - ns["after"] == 4096 * 1024 * 4
+
+
+# A custom op with no fake kernel runs for real once (on zero-filled inputs of its sizes):
+# the rest stays in fake mode and allocates as in real mode; the notes name the op.
+CUSTOM_OP = """
+import torch
+
+@torch.library.custom_op("xmemtest::scale_" + MODE, mutates_args=())
+def scale(x: torch.Tensor, k: float) -> torch.Tensor:
+    return x * k
+
+def _backward(ctx, grad):
+    return grad * ctx.k, None
+
+def _setup(ctx, inputs, output):
+    ctx.k = inputs[1]
+
+scale.register_autograd(_backward, setup_context=_setup)
+model = torch.nn.Linear(64, 64).cuda()
+x = torch.randn(32, 64, device="cuda")
+y = scale(model(x), 2.0)
+y.sum().backward()
+"""
+
+
+def test_a_custom_op_without_fake_kernel_runs_for_real_once():
+    runs = {}
+    for mode in ("auto", "real"):
+        tr = trace(CUSTOM_OP, {"MODE": mode}, mode=mode)
+        runs[mode] = tr
+    assert runs["auto"].mode == "fake" and "fallback" not in runs["auto"].meta
+    assert any("scale_auto has no fake kernel" in n and "<cell>:17" in n for n in runs["auto"].meta["notes"])
+    sizes = {m: [(e.bytes, e.phase) for e in tr.events if e.kind == "alloc"] for m, tr in runs.items()}
+    assert sizes["auto"] == sizes["real"]

@@ -348,7 +348,7 @@ def estimate_trace(
         seconds=(t1 - started) if started is not None else tr.seconds + (t1 - t0),
         trace_seconds=tr.seconds,
         simulate_seconds=t1 - t0,
-        notes=notes + oom_note
+        notes=notes + oom_note + [str(n) for n in tr.meta.get("notes", ())]
         + ([str(tr.meta["fallback"])] if tr.meta.get("fallback") else []),
         allocator_limit_bytes=limit,
         trace=tr,

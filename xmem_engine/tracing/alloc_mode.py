@@ -139,10 +139,17 @@ class AllocMode(TorchDispatchMode):
                     try:
                         out = func(*args, **kwargs)
                     except self.fake_errors as e:
-                        # values the fake tensors lack: known ones come from the shadows
-                        out = tr.shadows.data_dependent(func, args, kwargs, tr.fake_mode)
-                        if out is NotImplemented:
-                            raise NeedsRealValues(str(func), _fake_reason(e), user_frame(2)) from e
+                        if _custom_without_fake_kernel(func, e):
+                            out = self._custom_for_real(func, args, kwargs)
+                        else:
+                            # values the fake tensors lack: known ones come from the shadows
+                            out = tr.shadows.data_dependent(func, args, kwargs, tr.fake_mode)
+                            if out is NotImplemented:
+                                raise NeedsRealValues(str(func), _fake_reason(e), user_frame(2)) from e
+                    except RuntimeError as e:
+                        if not _custom_without_fake_kernel(func, e):
+                            raise
+                        out = self._custom_for_real(func, args, kwargs)
                     else:
                         tr.shadows.after_op(func, args, kwargs, out)
                 else:
@@ -172,6 +179,31 @@ class AllocMode(TorchDispatchMode):
             for hook in tr.op_hooks:
                 hook(tr, func, args, kwargs, out)
         return out
+
+    def _custom_for_real(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A custom op (``torch.library``) with no fake kernel: run its real kernel once, on
+        zero-filled real tensors of its inputs' sizes, strides and dtypes, and carry on with
+        fake tensors like its outputs; the rest of the code stays in fake mode. Its output
+        sizes, the only thing the estimate takes from it, rarely depend on input values; the
+        trace's notes name the op and where it was called."""
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+        from torch.utils._pytree import tree_map
+
+        tr = self.t
+
+        def real(x: Any) -> Any:
+            if isinstance(x, FakeTensor):
+                return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype).zero_()
+            return x
+
+        with unset_fake_temporarily(), torch.no_grad():
+            out = func(*tree_map(real, args), **tree_map(real, kwargs))
+        where = user_frame(3)
+        note = (f"{func.name()} has no fake kernel: it ran for real once on zero-filled inputs of the right "
+                f"sizes{' at ' + where if where else ''} (register_fake would keep it in fake mode)")
+        if note not in tr.notes:
+            tr.notes.append(note)
+        return tree_map(lambda t: tr.fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, out)
 
     def _run_on_host(self, func: Any, args: tuple, kwargs: dict, factory: bool) -> Any:
         """Fake mode, CPU-side work on real tensors: run it for real, so data loading, samplers
@@ -205,6 +237,14 @@ class AllocMode(TorchDispatchMode):
                 if t.untyped_storage()._cdata in live:
                     return True
         return False if found else tr.factory_on_gpu()
+
+
+def _custom_without_fake_kernel(func: Any, e: BaseException) -> bool:
+    """A user's or a library's own op (not aten's) that fake tensors cannot run for want of
+    a fake (meta) kernel."""
+    if getattr(func, "namespace", "aten") in ("aten", "prims", "prim"):
+        return False
+    return type(e).__name__ == "UnsupportedOperatorException" or "no fake impl" in str(e)
 
 
 def _as_torch_error(e: RuntimeError, args: tuple) -> BaseException:

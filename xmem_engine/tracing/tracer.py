@@ -105,6 +105,7 @@ class Tracer:
         self.stopped = False
         self.op_hooks: list[Callable[["Tracer", Any, tuple, dict, Any], None]] = []
         self.sdpa_calls = 0  # attention calls whose CUDA backend sdpa.py chose for this GPU
+        self.notes: list[str] = []  # what the estimate should tell about how this run was traced
         self._next_id = 0
         self._param_module: dict[int, str] = {}  # id(parameter) -> path of the module owning it
         self._module_stack: list[str] = []
