@@ -202,3 +202,20 @@ def test_minimum_memory_of_a_training_step_lies_between_its_allocated_and_natura
     extra = mlp_estimate.context_bytes + mlp_estimate.outside_allocator_bytes
     assert mlp_estimate.peak_allocated_bytes <= least - extra <= mlp_estimate.peak_reserved_bytes
     assert mlp_estimate.min_device_bytes is None  # only on request
+
+
+def test_modules_are_named_with_their_class():
+    e = estimate("""
+import torch
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(256, 1024)
+        self.fc2 = torch.nn.Linear(1024, 256)
+    def forward(self, x):
+        return self.fc2(self.fc1(x).relu())
+model = torch.nn.Sequential(Block(), Block()).cuda()
+model(torch.randn(512, 256, device="cuda")).sum().backward()
+""", "T4", mode="fake")
+    assert "0.fc1 (Linear)" in e.breakdown_by_module and "1.fc2 (Linear)" in e.breakdown_by_module
+    assert "(no module)" not in e.breakdown_by_module

@@ -338,7 +338,7 @@ def estimate_trace(
         oom=sim.oom,
         reserved_at_peak_bytes=sim.reserved_at_peak_bytes,
         breakdown=sim.breakdown,
-        breakdown_by_module=_by_module(sim),
+        breakdown_by_module=_by_module(sim, tr.meta.get("module_types") or {}),
         top_tensors=[_tensor_json(t) for t in sim.live_at_peak[:50]],
         timeline=_timeline(sim, events),
         mode=tr.mode,
@@ -357,10 +357,16 @@ def estimate_trace(
     )
 
 
-def _by_module(sim: SimulationResult, top: int = 12) -> dict[str, int]:
+NO_MODULE = "(outside any module)"  # inputs, the loss, the optimizer's own temporaries
+
+
+def _by_module(sim: SimulationResult, types: dict[str, str], top: int = 12) -> dict[str, int]:
+    """Bytes live at the peak per module, labelled with the module's class:
+    ``layers.0.mlp.fc1 (Linear)``."""
     acc: dict[str, int] = {}
     for t in sim.live_at_peak:
-        acc[t.module or "(no module)"] = acc.get(t.module or "(no module)", 0) + t.block_bytes
+        label = f"{t.module} ({types[t.module]})" if t.module in types else (t.module or NO_MODULE)
+        acc[label] = acc.get(label, 0) + t.block_bytes
     return dict(sorted(acc.items(), key=lambda kv: -kv[1])[:top])
 
 

@@ -21,6 +21,7 @@ from html import escape
 
 import numpy as np
 
+from xmem_engine.estimate import NO_MODULE
 from xmem_engine.trace import ALLOC, FREE, TraceEvent
 
 ROUND = 512
@@ -230,7 +231,7 @@ def _stack_bars(idx: np.ndarray, start: np.ndarray, end: np.ndarray, size: np.nd
         cols["bottom"].append(o / scale)
         cols["top"].append((o + sz[k]) / scale)
         cat = e.category or "other"
-        mod = e.module or "(no module)"
+        mod = e.module or NO_MODULE
         cols["cat"].append(CATEGORY_ORDER.index(cat) if cat in CATEGORY_ORDER else len(CATEGORY_ORDER) - 1)
         cols["category"].append(cat)
         cols["module"].append(mod)
@@ -249,7 +250,7 @@ def _aggregate(idx: np.ndarray, start: np.ndarray, end: np.ndarray, size: np.nda
     reps = np.array([int(edges[b]) + int(np.argmax(live[edges[b]:max(edges[b + 1], edges[b] + 1)]))
                      for b in range(nb)], dtype=np.int64)
     picked = [evs[k] for k in idx.tolist()]
-    mods = [e.module or "(no module)" for e in picked]
+    mods = [e.module or NO_MODULE for e in picked]
     cats = [e.category or "other" for e in picked]
     # keep the modules with the most bytes x time; the rest share one label
     weight: dict[str, int] = {}

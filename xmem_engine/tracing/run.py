@@ -229,6 +229,8 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
             "convolutions": runs_convolutions(events)}  # read on every GPU switch: found once
     if tracer.notes:
         meta["notes"] = list(tracer.notes)
+    if tracer.module_types:
+        meta["module_types"] = dict(tracer.module_types)
     if tracer.sdpa_calls:
         meta["sdpa_calls"] = tracer.sdpa_calls  # their backend was chosen for this capability
     return Trace(events=events, mode=mode, seconds=seconds, meta=meta)

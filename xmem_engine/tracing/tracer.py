@@ -106,6 +106,7 @@ class Tracer:
         self.op_hooks: list[Callable[["Tracer", Any, tuple, dict, Any], None]] = []
         self.sdpa_calls = 0  # attention calls whose CUDA backend sdpa.py chose for this GPU
         self.notes: list[str] = []  # what the estimate should tell about how this run was traced
+        self.module_types: dict[str, str] = {}  # module path -> class name ("layers.0.mlp.fc1" -> "Linear")
         self._next_id = 0
         self._param_module: dict[int, str] = {}  # id(parameter) -> path of the module owning it
         self._module_stack: list[str] = []
@@ -402,6 +403,7 @@ class Tracer:
             for name, m in module.named_modules():
                 if m not in self._names:
                     self._names[m] = name or label
+                    self.module_types.setdefault(name or label, type(m).__name__)
             self._roots.add(module)
         if self.iteration < 0 or self._stepped or (self._backward_done and not self._optimizers):
             self._new_iteration()
