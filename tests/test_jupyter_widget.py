@@ -195,3 +195,15 @@ def test_least_memory_readout_on_request(session):
     assert "runs in as little as" in w.least.value and "A100-SXM4-40GB" in w.least.value
     w.gpu_dropdown.value = "T4"  # another GPU: its own figure, shown once asked for
     assert w.least.value == ""
+
+
+def test_the_comparison_table_carries_the_attention_backend_caveat():
+    """A GPU of another architecture, re-simulated from the trace, is starred and explained."""
+    from xmem_engine.estimate import estimate
+    from xmem_jupyter.report import compare_html
+
+    est = estimate("import torch\nq = torch.randn(2, 4, 128, 64, device='cuda', requires_grad=True)\n"
+                   "torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()\n",
+                   "A100-40GB", namespace={})
+    table = compare_html([est, est.resimulate("T4")])
+    assert "Tesla T4*" in table and "A100-SXM4-40GB*" not in table and "compute capability 8.0" in table

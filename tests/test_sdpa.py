@@ -387,5 +387,6 @@ out.sum().backward()
     assert not any("scaled_dot_product_attention" in n for n in same_arch.notes)
     t4 = estimate_trace(est.trace, "T4")
     assert any("compute capability 8.0" in n and "7.5" in n for n in t4.notes)
+    assert t4.backend_caveat and est.backend_caveat is None and same_arch.backend_caveat is None
     plain = estimate("import torch\nx = torch.ones(4, device='cuda')\n", "A100-40GB", namespace={})
     assert not any("scaled_dot_product_attention" in n for n in estimate_trace(plain.trace, "T4").notes)

@@ -100,6 +100,12 @@ class Estimate:
                 f"allocator reserved {_gib(self.peak_reserved_bytes)} "
                 f"(allocated {_gib(self.peak_allocated_bytes)} at the peak)")
 
+    @property
+    def backend_caveat(self) -> str | None:
+        """The note saying attention kept the backend of the GPU it was traced for (a GPU of
+        another architecture may pick another, with other memory), or None."""
+        return next((n for n in self.notes if n.startswith(SDPA_CAVEAT)), None)
+
     def resimulate(self, gpu: str | GPU | None = None, alloc_conf: str | AllocatorConfig | None = None) -> "Estimate":
         """The same trace on another GPU or allocator setting (default: this estimate's):
         milliseconds, no re-tracing. What a GPU switch in the widget calls."""
@@ -303,7 +309,7 @@ def estimate_trace(
     traced_cc = tuple(tr.meta.get("compute_capability") or ())
     if tr.meta.get("sdpa_calls") and traced_cc and traced_cc != tuple(target.compute_capability):
         notes = notes + [
-            f"scaled_dot_product_attention kept the backends CUDA picks on compute capability "
+            f"{SDPA_CAVEAT} CUDA picks on compute capability "
             f"{traced_cc[0]}.{traced_cc[1]} (the GPU it was traced for); on {target.name} "
             f"({target.compute_capability[0]}.{target.compute_capability[1]}) it may pick another: "
             f"estimate for this GPU directly for its own choice"]
@@ -357,6 +363,7 @@ def estimate_trace(
     )
 
 
+SDPA_CAVEAT = "scaled_dot_product_attention kept the backends"  # a note's start: see Estimate.backend_caveat
 NO_MODULE = "(outside any module)"  # inputs, the loss, the optimizer's own temporaries
 
 

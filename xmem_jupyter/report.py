@@ -75,13 +75,20 @@ def breakdown_html(est: Estimate, top: int = 8) -> str:
 
 
 def compare_html(ests: Iterable[Estimate]) -> str:
-    """One row per GPU: does it fit?"""
+    """One row per GPU: does it fit? A row re-simulated from a trace of another GPU
+    architecture whose attention backend may differ there is starred, with the caveat below."""
+    ests = list(ests)
     rows = "".join(
-        f"<tr><td>{escape(e.gpu_name)}</td><td style='text-align:right'>{human(e.peak_device_bytes)}</td>"
+        f"<tr><td>{escape(e.gpu_name)}{'*' if e.backend_caveat else ''}</td>"
+        f"<td style='text-align:right'>{human(e.peak_device_bytes)}</td>"
         f"<td style='text-align:right'>{human(e.capacity_bytes)}</td>"
         f"<td style='color:{'#1a7f37' if e.fits else '#cf222e'}'>{'fits' if e.fits else 'does not fit'}</td></tr>"
         for e in ests)
-    return (f"<table style='{STYLE}'><tr><th>GPU</th><th>peak</th><th>capacity</th><th></th></tr>{rows}</table>")
+    caveats = [e.backend_caveat for e in ests if e.backend_caveat]
+    foot = (f"<div class='xmem-backend-caveat' style='{STYLE};color:#666;font-size:12px'>* {escape(caveats[0])}</div>"
+            if caveats else "")
+    return (f"<table style='{STYLE}'><tr><th>GPU</th><th>peak</th><th>capacity</th><th></th></tr>{rows}</table>"
+            + foot)
 
 
 def summary_html(est: Estimate, others: Iterable[Estimate] = (), max_batch: dict[str, int] | None = None) -> str:
