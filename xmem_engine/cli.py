@@ -354,7 +354,6 @@ def _add_trace(sub) -> None:
 
 
 def _cmd_trace(args) -> int:
-    import os
 
     from xmem_engine.overrides import parse_overrides
     from xmem_engine.tracing import trace_script

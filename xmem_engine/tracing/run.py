@@ -123,30 +123,12 @@ def _trace_modes(code: Any, namespace: dict | None, mode: str, allocator: Any, d
 
 
 def _user_roots(code: Any, namespace: dict | None) -> list[Any]:
-    """The objects traced code can reach that belong to the user."""
-    roots: list[Any] = []
-    if namespace is not None:
-        roots.extend(v for k, v in namespace.items() if not k.startswith("__"))
-    fn = code
-    if isinstance(code, types.MethodType):
-        roots.append(code.__self__)
-        fn = code.__func__
-    if isinstance(fn, types.FunctionType):
-        g = fn.__globals__
-        roots.extend(g[n] for n in fn.__code__.co_names if n in g)
-        roots.extend(c.cell_contents for c in (fn.__closure__ or ()) if _cell_has(c))
-        roots.extend(fn.__defaults__ or ())
-    elif callable(code) and not isinstance(code, types.CodeType):
+    """Where the user's objects start: the namespace's values, and a callable to trace
+    (``user_state`` follows a function's closure, defaults and the globals it names)."""
+    roots: list[Any] = [v for k, v in (namespace or {}).items() if not k.startswith("__")]
+    if callable(code) and not isinstance(code, types.CodeType):
         roots.append(code)
     return roots
-
-
-def _cell_has(c: types.CellType) -> bool:
-    try:
-        c.cell_contents
-    except ValueError:
-        return False
-    return True
 
 
 _NO = object()
