@@ -96,7 +96,7 @@ def test_quickstart_in_jupyterlab(lab):
             after = headline.text_content()
             assert after != before and "H100" in after
             # the charts followed (a Bokeh patch): the timeline's title names the H100's capacity
-            page.wait_for_function(TITLE_JS, arg="capacity 79.18 GiB", timeout=30_000)
+            page.wait_for_function(TITLE_JS, arg="(GiB): GPU 79.18", timeout=30_000)
             # the whole notebook ran: the transformer's widget is there too
             second = page.locator(f"{PANEL} .xmem-widget").nth(1)
             second.wait_for(state="attached", timeout=150_000)
@@ -131,7 +131,7 @@ def test_quickstart_in_jupyterlab(lab):
             again.scroll_into_view_if_needed()
             again.locator(".xmem-charts canvas").first.wait_for(timeout=60_000)
             assert "H100" in again.locator(".xmem-headline").first.text_content()
-            page.wait_for_function(TITLE_JS, arg="capacity 79.18 GiB", timeout=30_000)
+            page.wait_for_function(TITLE_JS, arg="(GiB): GPU 79.18", timeout=30_000)
             again.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "browser_quickstart_after_reload.png"))
         except Exception:

@@ -73,7 +73,7 @@ def test_gpu_switch_resimulates_and_updates_everything(session):
     from xmem_jupyter.charts import timeline_title
     from xmem_jupyter.timeline import build_timeline
 
-    h100_title = timeline_title(build_timeline(w.est, w.flame.scale, w.flame.x_end))
+    h100_title = timeline_title(build_timeline(w.est, w.flame.x_end))
     assert h100_title in json.dumps(w.bokeh.render_bundle) and h100_title not in bundle_before
     assert not states  # nothing re-sent to the browser
     assert len(session.traces) == 1
@@ -207,3 +207,27 @@ def test_the_comparison_table_carries_the_attention_backend_caveat():
                    "A100-40GB", namespace={})
     table = compare_html([est, est.resimulate("T4")])
     assert "Tesla T4*" in table and "A100-SXM4-40GB*" not in table and "compute capability 8.0" in table
+
+
+@pytest.mark.parametrize("rows", [4, 12 << 10])  # 4 KiB a row: a step far below a T4, and one far above
+def test_the_timeline_shows_the_limits_never_clips_and_marks_the_oom(rows):
+    from xmem_engine.estimate import estimate
+    from xmem_jupyter.charts import build_charts, timeline_title
+    from xmem_jupyter.flame import build_flame
+    from xmem_jupyter.timeline import build_timeline
+
+    est = estimate(f"import torch\nxs = [torch.empty({rows}, 1 << 20, device='cuda') for _ in range(3)]\n",
+                   "T4", mode="fake")
+    fl = build_flame(est.simulated_events)
+    tl = build_timeline(est, fl.x_end)
+    charts = build_charts(fl, tl)
+    top = charts.timeline_fig.y_range.end
+    assert tl.unit == "GiB" and charts.timeline_fig.yaxis[0].axis_label == "GiB"  # one unit: the axis, the title
+    assert top >= tl.capacity >= tl.allocator_limit  # the capacity is always on the chart...
+    assert top >= max(tl.columns["reserved"])  # ...and nothing is cut off above it
+    assert len(timeline_title(tl)) <= 70 and "GiB" in timeline_title(tl) and "MiB" not in timeline_title(tl)
+    if est.fits:
+        assert not charts.oom.visible
+    else:  # where the run on this GPU fails is marked
+        assert est.oom and charts.oom.visible and charts.oom.location == est.oom_event
+        assert charts.oom_label.text == "out of memory here"

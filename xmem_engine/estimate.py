@@ -76,6 +76,7 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     allocator_limit_bytes: int = 0  # what cudaMalloc could get: capacity - context - libraries
     min_device_bytes: int | None = None  # least device memory it runs in (minimum_memory); None: not asked
+    oom_event: int | None = None  # on this GPU: the event (timeline x) where the run runs out of memory
     trace: Trace | None = field(default=None, repr=False, compare=False)
     # What the simulation read: the GPU's catalog entry, and the trace's events as a CUDA
     # run on that GPU makes them (library workspaces added): the timeline's x axis.
@@ -142,6 +143,7 @@ class Estimate:
             "top_tensors": self.top_tensors,
             "notes": self.notes,
             "min_device_bytes": self.min_device_bytes,
+            "oom_event": self.oom_event,
             "headline": self.headline,
             "headline_detail": self.headline_detail,
         }
@@ -318,13 +320,15 @@ def estimate_trace(
     sim = simulate(events, allocator=CachingAllocator(cfg, capacity=limit,
                                                      device_total=target.total_memory_bytes))
     oom_note = []
+    oom_event = None
     if not any(e.kind == ALLOC for e in tr.events):
         oom_note.append("the code put nothing on cuda: is the model moved with .to('cuda') (or .cuda()), and "
                         "are the inputs created on or moved to the GPU?")
     if sim.oom:
         # The GPU run would stop at the failing request; report what the step needs (an
         # unlimited device), so "short by" says how much is missing.
-        oom_note = [f"on this GPU the run runs out of memory at trace event {sim.oom_event}: {sim.oom_message}"]
+        oom_note.append(f"on this GPU the run runs out of memory at trace event {sim.oom_event}: {sim.oom_message}")
+        oom_event = sim.oom_event
         sim = simulate(events, allocator=CachingAllocator(cfg, capacity=None, device_total=target.total_memory_bytes))
         sim.oom = True
     peak_device = target.context_bytes + outside + sim.peak_reserved_bytes
@@ -357,6 +361,7 @@ def estimate_trace(
         notes=notes + oom_note + [str(n) for n in tr.meta.get("notes", ())]
         + ([str(tr.meta["fallback"])] if tr.meta.get("fallback") else []),
         allocator_limit_bytes=limit,
+        oom_event=oom_event,
         trace=tr,
         target=target,
         simulated_events=events,

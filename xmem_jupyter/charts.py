@@ -29,21 +29,23 @@ class Charts:
     layout: object
     flame_source: ColumnDataSource
     line_source: ColumnDataSource
-    capacity: Span
-    limit: Span
+    limits: ColumnDataSource  # y of the GPU's capacity and of the allocator's limit (hspan glyphs)
     peak_flame: Span
     peak_line: Span
     timeline_fig: object
+    oom: Span
+    oom_label: Label
 
     def update_timeline(self, tl: TimelineData) -> None:
         """New allocated/reserved lines and limits (a GPU or allocator change)."""
         self.line_source.data = tl.columns
-        self.capacity.location = tl.capacity
-        self.limit.location = tl.allocator_limit
+        self.limits.data = _limits(tl)
         self.peak_line.location = tl.peak_x
         self.peak_flame.location = tl.peak_x
-        self.timeline_fig.y_range.end = y_top(tl)
+        self.timeline_fig.y_range.end = tl.top
+        self.timeline_fig.yaxis.axis_label = tl.unit
         self.timeline_fig.title.text = timeline_title(tl)
+        _place_oom(self.oom, self.oom_label, tl)
 
     def update_flame(self, fl: FlameData) -> None:
         self.flame_source.data = {c: fl.columns[c] for c in DRAWN}
@@ -73,44 +75,54 @@ def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
     peak_flame = Span(location=tl.peak_x, dimension="height", line_color="#cf222e", line_width=2,
                       line_dash="dashed")
     flame.add_layout(peak_flame)
+    # above the bars, on a white ground: a label inside the stack is hidden by the bars
     flame.add_layout(Label(x=fl.peak_x, y=fl.peak_bytes / fl.scale, text="peak", text_color="#cf222e",
-                           text_font_size="9pt", x_offset=4, y_offset=-12))
+                           text_font_size="9pt", x_offset=4, y_offset=4, background_fill_color="white",
+                           background_fill_alpha=0.8))
 
-    line = figure(height=200, width=width, x_range=x_range, tools=tools, active_scroll="xwheel_zoom",
-                  title="Allocator memory over the step", y_axis_label=fl.unit,
+    line = figure(height=200, width=width, x_range=x_range, y_range=Range1d(0, tl.top), tools=tools,
+                  active_scroll="xwheel_zoom",
+                  title="Allocator memory over the step", y_axis_label=tl.unit,
                   x_axis_label="event (allocations and frees, in program order)", toolbar_location=None)
     _phases(line, tl)
     lsrc = ColumnDataSource(tl.columns)
     line.step("x", "reserved", source=lsrc, mode="after", color="#80b3ff", line_width=2, legend_label="reserved")
     line.step("x", "allocated", source=lsrc, mode="after", color="#0969da", line_width=2, legend_label="allocated")
-    capacity = Span(location=tl.capacity, dimension="width", line_color="#cf222e", line_width=2)
-    limit = Span(location=tl.allocator_limit, dimension="width", line_color="#cf222e", line_dash="dotted")
+    limits = ColumnDataSource(_limits(tl))
+    line.hspan(y="capacity", source=limits, line_color="#cf222e", line_width=2, legend_label="GPU capacity")
+    line.hspan(y="limit", source=limits, line_color="#cf222e", line_dash="dotted", line_width=1.5,
+               legend_label="allocator limit")
     peak_line = Span(location=tl.peak_x, dimension="height", line_color="#cf222e", line_dash="dashed")
-    for s in (capacity, limit, peak_line):
+    oom = Span(location=0, dimension="height", line_color="#8b0000", line_width=3)
+    oom_label = Label(x=0, y=0, text="out of memory here", text_color="#8b0000", text_font_size="9pt",
+                      x_offset=4, y_offset=4, background_fill_color="white", background_fill_alpha=0.8)
+    for s in (peak_line, oom, oom_label):
         line.add_layout(s)
-    line.y_range.start = 0
-    line.y_range.end = y_top(tl)
+    _place_oom(oom, oom_label, tl)
     line.title.text = timeline_title(tl)
     line.legend.location = "top_left"
     line.legend.label_text_font_size = "8pt"
     line.legend.background_fill_alpha = 0.6
     line.add_tools(HoverTool(tooltips=[("event", "@x"), ("allocated", "@allocated{0.00}"),
                                        ("reserved", "@reserved{0.00}")], mode="vline"))
-    return Charts(column(flame, line), src, lsrc, capacity, limit, peak_flame, peak_line, line)
+    return Charts(column(flame, line), src, lsrc, limits, peak_flame, peak_line, line, oom, oom_label)
 
 
-def y_top(tl: TimelineData) -> float:
-    """Show the capacity line when the peak is within reach of it; otherwise zoom to the data
-    (a 1 GiB step drawn under an 80 GiB line is a flat line)."""
-    peak = max(tl.columns["reserved"], default=0.0)
-    return tl.capacity * 1.05 if peak * 2.0 >= tl.capacity or peak <= 0 else peak * 1.25
+def _limits(tl: TimelineData) -> dict[str, list[float]]:
+    return {"capacity": [tl.capacity], "limit": [tl.allocator_limit]}
+
+
+def _place_oom(oom: Span, label: Label, tl: TimelineData) -> None:
+    """The out-of-memory mark at the failing event, or hidden."""
+    oom.visible = label.visible = tl.oom_x is not None
+    if tl.oom_x is not None:
+        oom.location = label.x = tl.oom_x
+        label.y = tl.allocator_limit
 
 
 def timeline_title(tl: TimelineData) -> str:
-    shown = y_top(tl) >= tl.capacity
-    unit = tl.unit
-    cap = f"capacity {tl.capacity:,.2f} {unit}" + ("" if shown else " (above the chart)")
-    return f"Allocator memory over the step; {cap}; red dotted: what the allocator may reserve"
+    """Short enough not to be cut: the limits' figures, in the axis's unit."""
+    return f"Allocator memory ({tl.unit}): GPU {tl.capacity:,.2f}, allocator limit {tl.allocator_limit:,.2f}"
 
 
 def _phases(fig: object, tl: TimelineData) -> None:

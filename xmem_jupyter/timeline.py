@@ -23,6 +23,8 @@ class TimelineData:
     capacity: float  # the GPU's memory
     allocator_limit: float  # what the allocator may reserve: capacity - context - libraries
     peak_x: int
+    oom_x: int | None  # where the simulated run on this GPU runs out of memory (None: it does not)
+    top: float  # the y range's end: the capacity and the highest line, whichever is higher
     phases: list[tuple[int, int, str]]  # (start, end, phase)
     unit: str
     iterations: list[int]
@@ -44,10 +46,12 @@ def thin(x: np.ndarray, a: np.ndarray, r: np.ndarray, max_points: int) -> np.nda
     return np.unique(np.asarray(keep, dtype=np.int64))
 
 
-def build_timeline(est: Estimate, scale: float, x_end: int, max_points: int = 4000,
-                   unit: str = "") -> TimelineData:
-    """The estimate's timeline in y units of ``scale`` bytes."""
+def build_timeline(est: Estimate, x_end: int, max_points: int = 4000) -> TimelineData:
+    """The estimate's timeline in one unit for the axis and the limits: GiB once the chart
+    reaches 2 GiB (the capacity is always on it), MiB below."""
     tl = est.timeline
+    high = max([est.capacity_bytes, est.allocator_limit_bytes, *tl.reserved, *tl.allocated, 1])
+    scale, unit = (float(1 << 30), "GiB") if high > (2 << 30) else (float(1 << 20), "MiB")
     x = np.asarray(tl.event, dtype=np.int64)
     a = np.asarray(tl.allocated, dtype=np.int64)
     r = np.asarray(tl.reserved, dtype=np.int64)
@@ -64,7 +68,9 @@ def build_timeline(est: Estimate, scale: float, x_end: int, max_points: int = 40
         capacity=est.capacity_bytes / scale,
         allocator_limit=est.allocator_limit_bytes / scale,
         peak_x=peak_x,
+        oom_x=est.oom_event if est.oom else None,
+        top=high * 1.05 / scale,
         phases=phases,
-        unit=unit or {1 << 30: "GiB", 1 << 20: "MiB"}.get(int(scale), ""),
+        unit=unit,
         iterations=[int(i) for i in tl.iterations],
     )

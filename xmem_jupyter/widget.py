@@ -116,7 +116,7 @@ class XmemWidget(widgets.VBox):
             self.find_button.on_click(self._on_find)
 
         self.flame: FlameData = self._flame_for(est)
-        tl = build_timeline(est, self.flame.scale, self.flame.x_end)
+        tl = build_timeline(est, self.flame.x_end)
         self.charts: Charts = build_charts(self.flame, tl, width=width)
         self.bokeh = BokehModel(self.charts.layout)
         self.bokeh.add_class("xmem-charts")
@@ -161,7 +161,7 @@ class XmemWidget(widgets.VBox):
         new_trace = est.trace is not self.est.trace
         self.est = est
         flame = self._flame_for(est)
-        timeline = build_timeline(est, flame.scale, flame.x_end)
+        timeline = build_timeline(est, flame.x_end)
         with self._doc_lock:
             if new_trace:
                 doc = self.charts.layout.document
