@@ -61,6 +61,15 @@ def test_max_batch_says_when_it_stops_at_its_limit():
     assert best == 64 and est.peak_allocated_bytes == 64
 
 
+def test_a_real_mode_search_stays_within_reach_of_its_start():
+    class _Real(_Est):
+        mode = "real"  # every larger value would hold real CPU tensors
+
+    search = max_batch(lambda v: _Real(True, v), start=8)
+    assert (search.value, search.unbounded, search.limit) == (8 * 16, "limit", 8 * 16)
+    assert search.answer() == "at least 128"
+
+
 def test_max_batch_searches_far_above_any_gpu():
     answer = 3 << 30  # a variable whose memory grows by ~1 byte a step
     search = max_batch(lambda v: _Est(v <= answer, v), start=1)

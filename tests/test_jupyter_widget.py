@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 pytest.importorskip("jupyter_bokeh")
 
-from xmem_engine.estimate import REPORT_MIME  # noqa: E402
+from xmem_engine.estimate import REPORT_MIME, BatchSearch  # noqa: E402
 from xmem_jupyter.bokeh_loader import bokeh_loader  # noqa: E402
 from xmem_jupyter.report import report_bundle, summary_html  # noqa: E402
 from xmem_jupyter.session import Session, with_expandable  # noqa: E402
@@ -167,7 +167,7 @@ def test_markup_in_a_users_catalog_is_text(tmp_path, monkeypatch):
     s = Session(source="import torch\nbatch = 4\nt = torch.empty(batch, 1 << 20, device='cuda')\n",
                 namespace={}, gpus=[evil], batch_var="batch", batch=4, batch_values=[4, 8])
     w = XmemWidget(s.estimate(4, evil), session=s)
-    s.largest[(evil, "")] = 4
+    s.searches[(evil, "")] = BatchSearch(4, None)
     w._least[(4, evil, "")] = 1 << 30
     w._refresh_text()
     html = "".join(x.value for x in (w.headline, w.compare, w.largest, w.least, w.breakdown, w.notes))

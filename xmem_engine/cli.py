@@ -199,10 +199,9 @@ def _add_replay(sub) -> None:
 
 
 def _cmd_replay(args) -> int:
+    from xmem_engine.simulation.alloc_conf import AllocConfError
     from xmem_engine.simulation.replay import replay_snapshot
     from xmem_engine.simulation.snapshot import SnapshotFormatError, UnsafeSnapshotError, load_snapshot
-
-    from xmem_engine.simulation.alloc_conf import AllocConfError
 
     cfg = _alloc_conf(args.alloc_conf)
     _check_output(args.snapshot_out, "--snapshot-out", args.force, (args.snapshot,))
@@ -354,7 +353,6 @@ def _add_trace(sub) -> None:
 
 
 def _cmd_trace(args) -> int:
-
     from xmem_engine.overrides import parse_overrides
     from xmem_engine.tracing import trace_script
 
@@ -419,7 +417,7 @@ def _check_script(path: str) -> None:
 def _cmd_estimate(args) -> int:
     import os
 
-    from xmem_engine.estimate import DEFAULT_GPU, SEARCH_LIMIT, estimate_script, max_batch, resolve_gpu
+    from xmem_engine.estimate import DEFAULT_GPU, estimate_script, max_batch, resolve_gpu
     from xmem_engine.gpus import GPUCatalogError, UnknownGPUError
     from xmem_engine.overrides import OverrideError, parse_overrides, top_level_value
 
@@ -462,12 +460,7 @@ def _cmd_estimate(args) -> int:
     with _running_script("estimate", args.script, args.mode):
         with quiet:
             if args.max_batch:
-                first = run({**overrides, args.max_batch: str(start)})
-                # A real-mode trace holds real CPU tensors: the doubling stops at 16x the
-                # script's own value, so the search cannot exhaust the host's memory.
-                limit = start * 16 if first.mode == "real" else SEARCH_LIMIT
-                search = max_batch(lambda v: first if v == start else run({**overrides, args.max_batch: str(v)}),
-                                   start=start, limit=limit)
+                search = max_batch(lambda v: run({**overrides, args.max_batch: str(v)}), start=start)
                 est = search.estimate
             else:
                 est = run(overrides)

@@ -400,6 +400,7 @@ def _timeline(sim: SimulationResult, events) -> Timeline:
 
 
 SEARCH_LIMIT = 1 << 40  # far above any GPU: a variable that still fits there does not bound memory
+REAL_MODE_REACH = 16  # a real-mode search goes at most this far above its start: real CPU tensors
 
 
 @dataclass
@@ -421,6 +422,10 @@ class BatchSearch:
     def __iter__(self):
         return iter((self.value, self.estimate))
 
+    def answer(self) -> str:
+        """The value as a reader should take it: "512", "at least 4096", or "any"."""
+        return {"limit": f"at least {self.value}", "independent": "any"}.get(self.unbounded, str(self.value))
+
     def describe(self, variable: str, gpu_name: str) -> str:
         """One sentence for the CLI and the widget."""
         if self.unbounded == "independent":
@@ -428,9 +433,9 @@ class BatchSearch:
             return (f"{variable} does not change the step's memory on {gpu_name} (the same peak at {vals}): "
                     f"it fits at any {variable}")
         if self.unbounded == "limit":
-            return (f"largest {variable} that fits on {gpu_name}: at least {self.value} "
+            return (f"largest {variable} that fits on {gpu_name}: {self.answer()} "
                     f"(the search stopped at its limit, {self.limit}, with the step still fitting)")
-        return f"largest {variable} that fits on {gpu_name}: {self.value}"
+        return f"largest {variable} that fits on {gpu_name}: {self.answer()}"
 
 
 def max_batch(
@@ -445,6 +450,9 @@ def max_batch(
     bracketed, then bisect - about 2 log2(answer / start) estimates, each built once. A
     variable the peak does not follow (three doublings, one peak) ends the search as
     ``unbounded="independent"``; reaching ``limit`` still fitting, as ``unbounded="limit"``.
+    When the estimate at ``start`` was traced in real mode, every larger value holds real CPU
+    tensors: the search then goes no further than ``REAL_MODE_REACH`` times ``start``, so it
+    cannot exhaust the host's memory.
     """
     cache: dict[int, Estimate] = {}
 
@@ -461,6 +469,8 @@ def max_batch(
 
     v = max(1, min(start, limit))
     if fits(v):
+        if getattr(cache[v], "mode", None) == "real":
+            limit = min(limit, v * REAL_MODE_REACH)
         lo, hi = v, None
         same = 0  # doublings in a row that left the peak where it was
         while hi is None:

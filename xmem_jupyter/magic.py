@@ -199,11 +199,8 @@ class XmemMagics(Magics):
         if args.output:
             ns[args.output] = est
         if args.quiet:
-            def shown(g: str, b: int) -> str:
-                how = getattr(session.searches.get((g, session.alloc_conf)), "unbounded", "")
-                return {"limit": f"at least {b}", "independent": "any"}.get(how, str(b))
-
-            extra = "".join(f" | largest {args.batch_var} on {g}: {shown(g, b)}" for g, b in largest.items())
+            found = (session.searches[(g, session.alloc_conf)] for g in largest)
+            extra = "".join(f" | largest {args.batch_var} on {g}: {s.answer()}" for g, s in zip(largest, found))
             print(one_line(est, others) + extra)
             return None
 

@@ -49,8 +49,7 @@ class Session:
     iterations: int = 1  # run the cell this many times
     traces: dict[int | None, Trace] = field(default_factory=dict)
     estimates: dict[tuple, Estimate] = field(default_factory=dict)
-    largest: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpu, conf) -> batch
-    searches: dict[tuple[str, str], BatchSearch] = field(default_factory=dict)  # how each was found
+    searches: dict[tuple[str, str], BatchSearch] = field(default_factory=dict)  # (gpu, conf) -> the search
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def trace(self, batch: int | None, setup: tuple[Callable, ...] = ()) -> Trace:
@@ -89,20 +88,21 @@ class Session:
             self.estimates[key] = estimate_trace(tr, gpu, conf, started=t0 if fresh else None)
         return self.estimates[key]
 
+    @property
+    def largest(self) -> dict[tuple[str, str], int]:
+        """(gpu, conf) -> the largest batch found (a lower bound where the search was unbounded)."""
+        return {k: s.value for k, s in self.searches.items()}
+
     def largest_batch(self, gpu: str, conf: str | None = None, limit: int = SEARCH_LIMIT) -> int:
         """The largest batch size that fits ``gpu``: from the cell's own batch size, doubling or
         halving, then bisection (``max_batch``); each batch size is traced once for all GPUs.
         ``searches`` keeps how the answer was found (a lower bound when the search stopped
         still fitting: memory that does not follow the batch, or the limit)."""
         conf = self.alloc_conf if conf is None else conf
-        if (gpu, conf) not in self.largest:
+        if (gpu, conf) not in self.searches:
             if not self.batch_var:
                 raise ValueError("the largest batch needs --batch-var")
             build = lambda b: self.estimate(b, gpu, conf)  # noqa: E731
             start = self.batch or 1
-            if self.traces.get(self.batch) is not None and self.traces[self.batch].mode == "real":
-                limit = min(limit, start * 16)  # real mode allocates real CPU memory
-            search = max_batch(build, start=start, limit=max(limit, start))
-            self.largest[(gpu, conf)] = search.value
-            self.searches[(gpu, conf)] = search
-        return self.largest[(gpu, conf)]
+            self.searches[(gpu, conf)] = max_batch(build, start=start, limit=max(limit, start))
+        return self.searches[(gpu, conf)].value

@@ -206,16 +206,13 @@ class XmemWidget(widgets.VBox):
         if len(self.compared) > 1:
             self.compare.value = compare_html(self._estimate(self.batch, g, self.conf) for g in self.compared)
         key = (est.gpu, self.conf)
-        if self.session is not None and key in self.session.largest:
-            search = self.session.searches.get(key)
-            how = getattr(search, "unbounded", "")
-            shown = {"limit": f"at least {self.session.largest[key]}", "independent": "any"}.get(
-                how, str(self.session.largest[key]))
+        search = self.session.searches.get(key) if self.session is not None else None
+        if search is not None:
+            how, best = search.unbounded, search.value
             why = (f" ({escape(self.session.batch_var or '')} does not change the peak)" if how == "independent"
                    else " (the search stopped at its limit, still fitting)" if how == "limit" else "")
             self.largest.value = (f"&nbsp; largest {escape(self.session.batch_var or '')} that fits "
-                                  f"{escape(est.gpu_name)}: <b class='xmem-largest'>{shown}</b>{why}")
-            best = self.session.largest[key]
+                                  f"{escape(est.gpu_name)}: <b class='xmem-largest'>{search.answer()}</b>{why}")
             usable = how != "independent" and best > 0 and best != self.batch
             self.apply_button.description = f"use {best}"
             self.apply_button.layout.display = None if usable else "none"
@@ -311,9 +308,10 @@ class XmemWidget(widgets.VBox):
         """Show the largest batch that fits: the slider gains that value (its range follows
         the search) and moves to it, which traces it as any slider move does."""
         assert self.session is not None and self.batch_slider is not None
-        best = self.session.largest.get((self.est.gpu, self.conf))
-        if not best:
+        search = self.session.searches.get((self.est.gpu, self.conf))
+        if search is None or not search.value:
             return
+        best = search.value
         if best not in self.session.batch_values:
             self.session.batch_values = sorted(set(self.session.batch_values) | {best})
             current = self.batch_slider.value
