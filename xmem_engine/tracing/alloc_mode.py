@@ -155,7 +155,10 @@ class AllocMode(TorchDispatchMode):
                 else:
                     tr.shadows.after_op(func, args, kwargs, out)
             except RuntimeError as e:
-                raise _as_torch_error(e, args) from None
+                err = _as_torch_error(e, args)
+                if err is e:
+                    raise  # any other error as it was, cause and traceback kept
+                raise err from None
         else:
             out = func(*args, **kwargs)
         live = tr.live
