@@ -30,14 +30,10 @@ def _cuda_build_gaps() -> dict[str, str]:
 
     if torch.version.cuda is None:
         return {}
-    rnn = ("a CUDA build runs nn.LSTM / nn.GRU as cuDNN's _cudnn_rnn, which the tracer does not "
-           "re-create yet (issue #14, cuDNN RNNs)")
+    rnn = ("a CUDA build autocasts cuDNN's _cudnn_rnn, which the tracer does not re-create yet: RNNs "
+           "run as the CPU kernels run them (issue #14, cuDNN RNNs)")
     gaps = {
         "tests/test_autocast.py::test_the_policy_table_covers_what_the_running_torch_autocasts_on_cuda": rnn,
-        "tests/test_autocast.py::test_zoo_models_train_with_amp_alike_in_fake_and_real_mode[lstm]": rnn,
-        "tests/test_autocast.py::test_zoo_models_train_with_amp_alike_in_fake_and_real_mode[gru]": rnn,
-        "tests/test_tracer_zoo.py::test_fake_and_real_produce_the_same_allocations[lstm]": rnn,
-        "tests/test_tracer_zoo.py::test_fake_and_real_produce_the_same_allocations[gru]": rnn,
         "tests/test_tracer.py::test_cuda_only_calls_are_named_with_the_line_and_nvtx_is_a_no_op":
             "a CUDA build without a driver fails CUDA-only calls with the driver's message, not the "
             "call's name (issues #14 and #16)",

@@ -10,6 +10,7 @@ import torch
 
 from xmem_engine.tracing import autocast_policy as ap
 from xmem_engine.tracing import UnsupportedOpError, trace
+from tests.test_shadow_values import alloc_stream
 
 MODES = ["fake", "real"]
 
@@ -379,8 +380,8 @@ def test_the_policy_object_installs_and_uninstalls_alone():
     assert _cpu_autocast_dtypes() == (torch.float32, torch.bfloat16, torch.bfloat16)
 
 
-def test_other_value_reads_in_fake_mode_still_fall_back():
-    # found_inf placeholders decide the step; other reads of values still need real mode
+def test_value_reads_after_a_scaled_step_are_guessed_as_a_gpu_run_goes():
+    # found_inf keeps its last known value (0: the step is taken); the loss is guessed
     src = """
 import torch
 model = torch.nn.Linear(4, 4).cuda()
@@ -393,9 +394,11 @@ scaler.step(opt)
 if loss.item() > 0:
     pass
 """
-    with pytest.raises(UnsupportedOpError):
-        trace(src, {}, mode="fake")
-    assert trace(src, {}, mode="auto").mode == "real"
+    fake = trace(src, {}, mode="auto")
+    assert fake.mode == "fake" and "fallback" not in fake.meta
+    assert [(g["what"], g["where"]) for g in fake.meta["guesses"]] == [("Tensor.item() in a comparison", "<cell>:10")]
+    real = trace(src, {}, mode="real")
+    assert alloc_stream(fake) == alloc_stream(real)  # the step was taken in both
 
 
 # --------------------------------------------------------------------------- the model zoo

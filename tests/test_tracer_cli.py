@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +86,7 @@ def test_cli_writes_json_lines_and_a_summary(script, tmp_path, capsys):
     summary = [line for line in captured.out.splitlines() if line.startswith("xmem trace:")]
     assert len(summary) == 1 and f"{len(events):,} events" in summary[0] and "mode fake" in summary[0]
     assert " s -> " in summary[0]
-    assert "done 1.000" in captured.out            # the script's own print ran (placeholder value)
+    assert re.search(r"done [0-9.]+ ", captured.out)   # the script's own print ran (a guessed value)
     rc = main(["trace", str(script), "--mode", "fake", "--max-iterations", "1", "--events", str(out)])
     assert rc == 2 and "pass --force" in capsys.readouterr().err  # an existing file is kept...
     rc = main(["trace", str(script), "--mode", "fake", "--max-iterations", "1", "--events", str(out), "--force"])
@@ -107,7 +108,8 @@ def test_cli_exit_codes(script, tmp_path, capsys):
     err = capsys.readouterr().err
     assert f'File "{bad}", line 4' in err and "AttributeError" in err and "xmem_engine" not in err
     dd = tmp_path / "dd.py"
-    dd.write_text("import torch\nx = torch.randn(10, device='cuda')\ny = x[x > 0]\n")
+    # bincount's size is its input's largest value: of a big unknown tensor, nothing to guess from
+    dd.write_text("import torch\nx = torch.randint(0, 9, (400_000,), device='cuda')\ny = torch.bincount(x)\n")
     assert main(["trace", str(dd), "--mode", "fake", "--events", str(out)]) == 1
     err = capsys.readouterr().err
     assert "--mode real" in err and f"{dd}:3" in err

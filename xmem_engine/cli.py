@@ -50,6 +50,13 @@ class ScriptFailed(CLIError):
         return {**super().json(), "script_exit_status": self.status}
 
 
+class HostMemoryShort(CLIError):
+    """Real mode needs more host memory than this machine has to spare: stopped in time, exit 1."""
+
+    code = EXIT_USER_CODE
+    kind = "host_memory"
+
+
 class XmemFailed(CLIError):
     """xmem itself failed (no frame of the user's code is involved): exit code 1."""
 
@@ -81,7 +88,7 @@ def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
 
     from xmem_engine.overrides import OverrideError
     from xmem_engine.simulation.alloc_conf import AllocConfError
-    from xmem_engine.tracing import UnsupportedOpError, user_traceback_lines
+    from xmem_engine.tracing import HostMemoryError, UnsupportedOpError, user_traceback_lines
 
     try:
         yield
@@ -92,6 +99,9 @@ def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
     except UnsupportedOpError as e:
         print(f"xmem {command}: {e}", file=sys.stderr)
         raise ScriptFailed(str(e)) from None
+    except HostMemoryError as e:
+        print(f"xmem {command}: {e}", file=sys.stderr)
+        raise HostMemoryShort(str(e)) from None
     except SyntaxError as e:
         if not _from_user_code(e) and os.path.abspath(e.filename or "") != os.path.abspath(script):
             raise _xmem_failed(command, e) from None
@@ -154,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_environment()
         return args.func(args)
     except CLIError as e:
         if isinstance(e, InputError):
@@ -161,6 +172,19 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "json", False):  # stdout still carries one JSON object
             _print_json(e.json())
         return e.code
+
+
+def _check_environment() -> None:
+    """Settings read from the environment are input too: refuse a bad one before tracing."""
+    import os
+
+    from xmem_engine.tracing.host_memory import ENV, parse_bytes
+
+    if os.environ.get(ENV):
+        try:
+            parse_bytes(os.environ[ENV])
+        except ValueError as e:
+            raise InputError(str(e)) from None
 
 
 def _alloc_conf(text: str | None):

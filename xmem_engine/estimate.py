@@ -142,6 +142,7 @@ class Estimate:
             "breakdown_by_module": self.breakdown_by_module,
             "top_tensors": self.top_tensors,
             "notes": self.notes,
+            "guesses": list(self.trace.meta.get("guesses", ())) if self.trace is not None else [],
             "min_device_bytes": self.min_device_bytes,
             "oom_event": self.oom_event,
             "headline": self.headline,

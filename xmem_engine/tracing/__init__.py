@@ -15,16 +15,19 @@ How it works
   every tensor on the virtual GPU and every ``nn.Parameter`` is fake, and so is a host
   tensor made by a factory larger than ``HOST_REAL_BYTES``; other CPU-side work (data
   loading, samplers, metrics on CPU tensors) runs for real, so it sees real values.
-  Weight initialisers (``torch.nn.init``) leave fake tensors alone. ``.item()`` of a fake
-  tensor gives a placeholder number that may be printed or summed, but raises (and makes
-  ``auto`` fall back) once it decides control flow. Small GPU tensors whose values are
-  known (masks, ids, labels moved from the host, and what deterministic ops make of them)
-  keep a real copy, so branches on them and ``nonzero`` stay in fake mode
-  (``shadow_values.py``).
-  ``mode="real"`` runs on real CPU tensors; ``mode="auto"`` tries fake and falls back to
-  real (``trace.meta["fallback"]`` says why) when the code needs tensor values of the GPU
-  side (data-dependent shapes such as ``nonzero`` or boolean masks, values in control
-  flow). A fallback re-runs the code from the start. A few hot ops (convolution, batch norm
+  Random weight initialisers (``torch.nn.init``) leave fake tensors alone. Small GPU
+  tensors whose values are known (masks, ids, labels moved from the host, constant
+  initialisers, and what deterministic ops make of them) keep a real copy, so branches on
+  them and ``nonzero`` take the path a GPU takes (``shadow_values.py``). Values nobody
+  knows (a loss, a gradient norm) are guessed, and sizes that depend on them take their
+  upper bound; each guess is noted with its line (``guesses.py``). ``.item()`` of a fake
+  tensor is a number that may be printed or summed freely; its use in control flow is a
+  guess. ``torch.save`` of fake tensors writes nothing (``checkpoints.py``).
+  ``mode="real"`` runs on real CPU tensors, stopped before it outgrows the host's memory
+  (``host_memory.py``); ``mode="auto"`` runs fake mode, and re-runs the code in real mode
+  (``trace.meta["fallback"]`` says why) only where fake mode cannot go on and cannot guess
+  (an op with no size rule on a large unknown tensor, a loop on a guessed value), and only
+  if the host has the memory for it. A few hot ops (convolution, batch norm
   and their backwards, copies, simple in-place ops) take shortcuts in fake mode that give the
   outputs FakeTensorMode's kernels give, faster (``tests/test_tracer_fastpaths.py``).
 * The tracer records what this CPU run does with the CUDA defaults it can see at trace
@@ -43,7 +46,9 @@ How it works
   (``_RANK``), so the last word is the most specific one. ``user source`` is the innermost
   frame outside torch, xmem and the standard library.
 * CPU-only conveniences: ``DataLoader`` workers load in-process, ``torch.compile`` returns
-  the model unchanged, NVTX ranges and CUDA events do nothing.
+  the model unchanged, NVTX ranges and CUDA events do nothing, cuDNN is refused (RNNs run
+  the CPU kernels in both modes, on a CUDA build of torch too), packed sequences keep their
+  ``batch_sizes`` on the host (``packed_sequences.py``).
 
 What persists in a namespace
 ----------------------------
@@ -70,6 +75,10 @@ Where things are
 ``autocast_policy.py``  CUDA's autocast cast lists, applied on the CPU
 ``fake_fastpaths.py``   shortcuts for hot ops in fake mode
 ``shadow_values.py``  real values of small fake GPU tensors whose contents are known
+``guesses.py``        values nobody knows, guessed; data-dependent sizes, bounded
+``host_memory.py``    the host memory a real-mode run may take, and its guard
+``checkpoints.py``    ``torch.save`` / ``torch.load`` on the virtual GPU
+``packed_sequences.py``  ``pack_padded_sequence`` / ``pad_packed_sequence`` on the virtual GPU
 ``grad_accumulation.py``  gradient sums in place, as CUDA's autograd does them
 ``user_state.py``     the user's objects and settings, put back after the trace
 ``script.py``         a training script run as ``python SCRIPT`` (``--set``: ``xmem_engine/overrides.py``)
@@ -77,7 +86,7 @@ Where things are
 ``errors.py``, ``placeholders.py``  what can go wrong; what ``.item()`` of a fake tensor gives
 """
 
-from xmem_engine.tracing.errors import TracerError, UnsupportedOpError
+from xmem_engine.tracing.errors import HostMemoryError, TracerError, UnsupportedOpError
 from xmem_engine.tracing.frames import strip_to_user_code, user_traceback_lines
 from xmem_engine.tracing.run import trace
 from xmem_engine.trace import MODES, Mode
@@ -89,6 +98,7 @@ from xmem_engine.tracing.tracer import Tracer
 __all__ = [
     "MODES",
     "Device",
+    "HostMemoryError",
     "Mode",
     "OverrideError",
     "Tracer",

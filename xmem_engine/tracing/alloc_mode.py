@@ -26,6 +26,8 @@ from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.fake_fastpaths import FAST_FAKE
 from xmem_engine.tracing.frames import as_torch_error, user_frame
 from xmem_engine.tracing.grad_accumulation import BackwardInPlace
+from xmem_engine.tracing.guesses import BEFORE_FAKE
+from xmem_engine.tracing.host_memory import CHECK_BYTES
 from xmem_engine.tracing.scope import Device
 from xmem_engine.tracing.tracer import Tracer, tensors_in
 
@@ -49,6 +51,13 @@ def _fake_exceptions() -> tuple[type[BaseException], ...]:
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
+_SCALAR = torch.ops.aten._local_scalar_dense.default
+
+
+# Outputs that stay on the host when the op runs on CUDA (by position among the op's tensors).
+HOST_OUTPUTS: dict[Any, frozenset[int]] = {
+    torch.ops.aten._pack_padded_sequence.default: frozenset({1}),  # batch_sizes
+}
 
 
 def _is_mutable(func: Any) -> bool:
@@ -134,6 +143,8 @@ class AllocMode(TorchDispatchMode):
                     return self._run_on_host(func, args, kwargs, factory)
             try:
                 fast = FAST_FAKE.get(func)
+                if fast is None and func in BEFORE_FAKE:
+                    fast = lambda *a, **k: tr.guesses.data_dependent(func, a, k)  # noqa: E731
                 out = fast(*args, **kwargs) if fast is not None else NotImplemented
                 if out is NotImplemented:
                     try:
@@ -142,8 +153,11 @@ class AllocMode(TorchDispatchMode):
                         if _custom_without_fake_kernel(func, e):
                             out = self._custom_for_real(func, args, kwargs)
                         else:
-                            # values the fake tensors lack: known ones come from the shadows
+                            # values the fake tensors lack: known ones come from the shadows,
+                            # the others are guessed (guesses.py)
                             out = tr.shadows.data_dependent(func, args, kwargs, tr.fake_mode)
+                            if out is NotImplemented and not (tr.guesses.defer and func is _SCALAR):
+                                out = tr.guesses.data_dependent(func, args, kwargs)
                             if out is NotImplemented:
                                 raise NeedsRealValues(str(func), _fake_reason(e), user_frame(2)) from e
                     except RuntimeError as e:
@@ -152,8 +166,10 @@ class AllocMode(TorchDispatchMode):
                         out = self._custom_for_real(func, args, kwargs)
                     else:
                         tr.shadows.after_op(func, args, kwargs, out)
+                        tr.guesses.after_op(func, args, kwargs, out)
                 else:
                     tr.shadows.after_op(func, args, kwargs, out)
+                    tr.guesses.after_op(func, args, kwargs, out)
             except RuntimeError as e:
                 err = _as_torch_error(e, args)
                 if err is e:
@@ -163,7 +179,9 @@ class AllocMode(TorchDispatchMode):
             out = func(*args, **kwargs)
         live = tr.live
         gpu: bool | None = None
-        for t in tensors_in(out):
+        budget = tr.host_budget
+        host = HOST_OUTPUTS.get(func)
+        for i, t in enumerate(tensors_in(out)):
             st = t.untyped_storage()
             key = st._cdata
             rec = live.get(key)
@@ -171,6 +189,10 @@ class AllocMode(TorchDispatchMode):
             if rec is not None:
                 if rec.nbytes != nbytes:
                     tr.on_resized(func, t, st, key, nbytes)
+                continue
+            if budget is not None and nbytes >= CHECK_BYTES:  # real mode: stop before the host runs out
+                budget.check(nbytes)
+            if host is not None and i in host:
                 continue
             if gpu is None:
                 gpu = self._on_gpu(args, kwargs)
@@ -201,6 +223,7 @@ class AllocMode(TorchDispatchMode):
 
         with unset_fake_temporarily(), torch.no_grad():
             out = func(*tree_map(real, args), **tree_map(real, kwargs))
+        tr.real_ops[func.name()] = tr.real_ops.get(func.name(), 0) + 1
         where = user_frame(3)
         note = (f"{func.name()} has no fake kernel: it ran for real once on zero-filled inputs of the right "
                 f"sizes{' at ' + where if where else ''} (register_fake would keep it in fake mode)")

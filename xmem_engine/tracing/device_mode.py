@@ -17,6 +17,7 @@ import torch
 import torch.utils._device as _device_mod
 from torch.overrides import TorchFunctionMode
 
+from xmem_engine.tracing import packed_sequences
 from xmem_engine.tracing.sdpa import tracer_handler
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import as_torch_error, user_frame
@@ -64,6 +65,7 @@ class DeviceMode(TorchFunctionMode):
             torch.dropout: self._dropout,
             # SDPA as the target GPU's backend (flash / efficient / cuDNN / math) allocates.
             torch.nn.functional.scaled_dot_product_attention: tracer_handler(tracer),
+            torch._C._VariableFunctions._pad_packed_sequence: packed_sequences.handler(tracer),
         }
         if tracer.fake:
             self.special.update({
@@ -173,8 +175,13 @@ class DeviceMode(TorchFunctionMode):
             raise as_torch_error(TypeError(
                 "can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
             ))
-        if self.t.fake:
-            raise NeedsRealValues("Tensor.numpy()", "numpy needs the tensor's values", user_frame(3))
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if isinstance(args[0], FakeTensor):  # a big host tensor left fake: its values are guessed
+            try:
+                return self.t.guesses.read("Tensor.numpy()", lambda r: r.numpy(*args[1:], **kwargs).copy(), args[0])
+            except NeedsRealValues:
+                raise NeedsRealValues("Tensor.numpy()", "numpy needs the tensor's values", user_frame(3)) from None
         return func(*args, **kwargs)
 
     # -- phases
@@ -184,20 +191,21 @@ class DeviceMode(TorchFunctionMode):
 
     # -- values (fake mode)
     def _item(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A number that may be logged freely; its use in control flow is a noted guess."""
+        g = self.t.guesses
+        g.defer += 1
         try:
             return func(*args, **kwargs)
         except NeedsRealValues:
-            return placeholder(args[0].dtype)
+            return placeholder(args[0].dtype, g.scalar(args[0]), g.decide)
+        finally:
+            g.defer -= 1
 
     def _format(self, func: Any, args: tuple, kwargs: dict) -> str:
         t = args[0]
         if t.dim() != 0:
             return func(*args, **kwargs)
-        try:
-            value = t.item()
-        except NeedsRealValues:
-            value = placeholder(t.dtype)
-        return format(value, *args[1:], **kwargs)
+        return format(self._item(_T.item, (t,), {}), *args[1:], **kwargs)
 
     def _deepcopy(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
         """``copy.deepcopy`` of a fake tensor (``nn.TransformerEncoder`` clones its layer):
@@ -227,12 +235,25 @@ class DeviceMode(TorchFunctionMode):
         return new
 
     def _needs_value(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``bool(t)``, ``int(t)``, ``t.tolist()``...: the known value, else a noted guess."""
+        g = self.t.guesses
+        g.defer += 1
         try:
             return func(*args, **kwargs)
-        except NeedsRealValues as e:
+        except NeedsRealValues:
             name = getattr(func, "__name__", str(func))
-            raise NeedsRealValues(f"Tensor.{name}", "a tensor value decides control flow or a shape",
-                                   user_frame(3) or e.where) from None
+            what, read = _VALUE_READS.get(name, (f"Tensor.{name}", func))
+            return g.read(what, read, args[0])  # NeedsRealValues for a big tensor, or a loop
+        finally:
+            g.defer -= 1
+
+
+_VALUE_READS: dict[str, tuple[str, Callable[[torch.Tensor], Any]]] = {
+    "__bool__": ("bool(tensor)", bool),
+    "__int__": ("int(tensor)", int),
+    "__index__": ("a tensor used as an index", lambda r: r.__index__()),
+    "tolist": ("tensor.tolist()", lambda r: r.tolist()),
+}
 
 
 def fake_device_property(tracer: Tracer, mode: TorchFunctionMode) -> property:

@@ -29,6 +29,11 @@ class UnsupportedOpError(TracerError):
         super().__init__(f"{op}{at} cannot be traced in {mode} mode{why}; {hint}")
 
 
+class HostMemoryError(TracerError):
+    """A real-mode run was stopped, or not started, because this machine lacks the host
+    memory its real tensors need (``host_memory.py``): nothing was killed."""
+
+
 class StopTracing(BaseException):
     """Raised at the start of the iteration after ``max_iterations``: the code has shown its
     steady state; the rest of it need not run."""
@@ -41,6 +46,7 @@ class NeedsRealValues(BaseException):
     def __init__(self, op: str, reason: str, where: str = ""):
         super().__init__(op, reason, where)
         self.op, self.reason, self.where = op, reason, where
+        self.gpu_bytes = 0  # the most the aborted fake attempt held on the GPU: a real run needs more
 
 
 _NO_CUDA_MESSAGES = ("not compiled with CUDA", "not linked with support for cuda", "no NVIDIA driver",

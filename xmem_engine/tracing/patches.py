@@ -57,6 +57,17 @@ def mkldnn_disabled() -> Iterator[None]:
         torch._C._set_mkldnn_enabled(was)
 
 
+def cudnn_refused() -> contextlib.AbstractContextManager:
+    """``torch.backends.cudnn.is_acceptable`` says no while tracing. Virtual-GPU tensors
+    report ``is_cuda``, so on a CUDA build of torch ``nn.LSTM`` / ``nn.GRU`` would flatten
+    their weights with cuDNN (``torch.cuda.device_of``, ``_cudnn_rnn_flatten_weight``):
+    CUDA-only calls that fail without a driver. Refused, RNNs take the same CPU kernels in
+    fake and real mode, on a CPU or a CUDA build of torch alike."""
+    import torch.backends.cudnn as cudnn
+
+    return patched_attr(cudnn, "is_acceptable", lambda tensor: False)
+
+
 @contextlib.contextmanager
 def appended(items: list, item: Any) -> Iterator[None]:
     added = item not in items
@@ -151,8 +162,11 @@ def fake_parameter_new(fake_mode: Any) -> Callable:
     return __new__
 
 
+# Random initialisers skipped in fake mode. ``constant_``, ``ones_`` and ``zeros_`` run: a
+# fill costs nothing on a fake tensor, and a small one's values become known (a zero bias
+# keeps Adafactor's ``max(eps, rms)`` on the branch a GPU takes, see guesses.py).
 INIT_FUNCTIONS = (
-    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+    "uniform_", "normal_", "trunc_normal_", "eye_", "dirac_",
     "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
 )
 

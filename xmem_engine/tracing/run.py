@@ -25,11 +25,18 @@ from xmem_engine.gpus.cuda_libraries import runs_convolutions
 from xmem_engine.trace import MODES, Mode, Trace
 from xmem_engine.tracing.alloc_mode import AllocMode
 from xmem_engine.tracing.device_mode import DeviceMode, fake_device_property
-from xmem_engine.tracing.errors import NeedsRealValues, StopTracing, UnsupportedOpError, needs_real_gpu
+from xmem_engine.tracing.errors import (
+    HostMemoryError,
+    NeedsRealValues,
+    StopTracing,
+    UnsupportedOpError,
+    needs_real_gpu,
+)
 from xmem_engine.tracing.frames import entry_point, run_user_code, trim_traceback
 from xmem_engine.tracing.patches import (
     INIT_FUNCTIONS,
     appended,
+    cudnn_refused,
     eager_compile,
     fake_parameter_new,
     in_process_iterator,
@@ -40,6 +47,9 @@ from xmem_engine.tracing.patches import (
     restore_default_device,
     skip_init,
 )
+from xmem_engine.tracing.checkpoints import kept_in_memory
+from xmem_engine.tracing.guesses import GUESS_HEADLINE, Guesses
+from xmem_engine.tracing.host_memory import ENV as HOST_ENV, HostBudget, HostMemoryExceeded, gib
 from xmem_engine.tracing.shadow_values import Shadows
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.user_state import UserState
@@ -104,22 +114,47 @@ def _trace_modes(code: Any, namespace: dict | None, mode: str, allocator: Any, d
     setup = list(setup)
     attempts = [Mode.FAKE, Mode.REAL] if mode == Mode.AUTO else [Mode(mode)]
     fallback = ""
+    needed = 0
     for attempt in attempts:
+        budget = HostBudget.now() if attempt == Mode.REAL else None
+        if budget is not None and fallback and needed > budget.available_bytes:
+            raise HostMemoryError(
+                f"{fallback.removesuffix('; traced in real mode')}, and real mode would need more than "
+                f"{gib(needed)} of host memory for its tensors, with {gib(budget.available_bytes)} available: "
+                f"it was not started. {_more_memory()}, or change that line so that fake mode can run it")
+        failed: HostMemoryExceeded | None = None
         try:
-            tr = _trace_once(code, namespace, attempt, allocator, device, setup, max_iterations)
+            tr = _trace_once(code, namespace, attempt, allocator, device, setup, max_iterations, budget)
+        except HostMemoryExceeded as e:
+            failed = e.with_traceback(None)  # its frames hold the real tensors: let them go now
         except NeedsRealValues as e:
             if attempt == Mode.FAKE and mode == Mode.AUTO:
                 at = f" at {e.where}" if e.where else ""
                 fallback = f"fake mode cannot run {e.op}{at} ({e.reason}); traced in real mode"
+                needed = e.gpu_bytes
                 if allocator is not None:  # the aborted attempt's blocks are back; forget its peaks
                     allocator.reset_peak_stats()
                     getattr(allocator, "reset_accumulated_stats", lambda: None)()
                 continue
             raise UnsupportedOpError(e.op, attempt, e.reason, e.where) from None
+        if failed is not None:
+            at = f" at {failed.where}" if failed.where else ""
+            gc.collect()
+            raise HostMemoryError(
+                f"real mode was stopped{at}: its tensors would take this process past {gib(failed.budget)} "
+                f"of host memory, all it has to spare. Nothing was killed. {_more_memory()}, or estimate in "
+                "fake mode (--mode fake)")
         if fallback:
             tr.meta["fallback"] = fallback
         return tr
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _more_memory() -> str:
+    import os
+
+    cap = os.environ.get(HOST_ENV)
+    return f"Raise {HOST_ENV} (now {cap}) or free memory" if cap else "Free memory or use a machine with more"
 
 
 def _user_roots(code: Any, namespace: dict | None) -> list[Any]:
@@ -131,6 +166,7 @@ def _user_roots(code: Any, namespace: dict | None) -> list[Any]:
     return roots
 
 
+MAX_GUESS_NOTES = 8  # guesses listed in the notes; the trace's meta has them all
 _NO = object()
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 
@@ -148,8 +184,10 @@ def _is_plain(v: Any, depth: int = 0) -> bool:
 
 
 def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, device: dict | None,
-                setup: list[Callable[[Tracer], Any]], max_iterations: int | None) -> Trace:
+                setup: list[Callable[[Tracer], Any]], max_iterations: int | None,
+                budget: HostBudget | None = None) -> Trace:
     tracer = Tracer(mode, allocator, device, max_iterations)
+    tracer.host_budget = budget
     for fn in setup:
         fn(tracer)
     is_source = isinstance(code, types.CodeType)
@@ -182,6 +220,9 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
                 run_user_code(code, scratch)
             except StopTracing:
                 pass
+            except NeedsRealValues as e:
+                e.gpu_bytes = tracer.peak_live_bytes
+                raise
             except SystemExit as e:  # ``sys.exit(main())`` at the end of a script
                 if e.code not in (None, 0):
                     raise
@@ -209,8 +250,17 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
     meta = {"device": props.name, "compute_capability": [props.major, props.minor],
             "iterations": tracer.iteration + 1, "stopped": tracer.stopped,
             "convolutions": runs_convolutions(events)}  # read on every GPU switch: found once
-    if tracer.notes:
-        meta["notes"] = list(tracer.notes)
+    if tracer.real_ops:
+        meta["real_ops"] = dict(tracer.real_ops)  # fake mode: these ran for real, one call at a time
+    notes = list(tracer.notes)
+    made = tracer.guesses.guesses() if tracer.guesses is not None else []
+    if made:
+        meta["guesses"] = [g.as_json() for g in made]
+        notes += [GUESS_HEADLINE] + [g.note() for g in made[:MAX_GUESS_NOTES]]
+        if len(made) > MAX_GUESS_NOTES:
+            notes.append(f"... and {len(made) - MAX_GUESS_NOTES} more guesses (trace.meta['guesses'])")
+    if notes:
+        meta["notes"] = notes
     if tracer.module_types:
         meta["module_types"] = dict(tracer.module_types)
     if tracer.sdpa_calls:
@@ -245,6 +295,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         # workspace of its own); without them real CPU execution takes the same generic
         # paths as fake tensors.
         stack.enter_context(mkldnn_disabled())
+        stack.enter_context(cudnn_refused())
         stack.enter_context(patched_attr(torch.nn.Module, "_apply", module_apply))
         # Worker processes would run the dataset outside the tracer's control (and fork
         # its modes): load in-process. torch.compile runs the code eagerly.
@@ -263,6 +314,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
                 if orig is not None:
                     stack.enter_context(patched_attr(torch.nn.init, name, skip_init(orig)))
         stack.enter_context(tracer.hooks())
+        stack.enter_context(kept_in_memory(tracer))  # torch.save / torch.load (checkpoints.py)
         if tracer.fake:
             # FakeTensorMode logs every failing meta kernel (a user's shape error) with a
             # traceback of its own; the error itself reaches the user's code.
@@ -270,6 +322,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
             fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
             tracer.fake_mode = fake_mode
             tracer.shadows = Shadows()
+            tracer.guesses = Guesses(tracer.shadows, fake_mode)
             stack.enter_context(patched_attr(torch.nn.Parameter, "__new__", fake_parameter_new(fake_mode)))
         stack.enter_context(AllocMode(tracer))
         device_mode = DeviceMode(tracer)

@@ -39,6 +39,10 @@ def _fake_type() -> type:
     return FakeTensor
 
 
+# In-place ops whose result does not depend on what the tensor held.
+_OVERWRITES = frozenset({torch.ops.aten.zero_.default, torch.ops.aten.fill_.Scalar})
+
+
 def _is_random(func: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
 
@@ -50,6 +54,8 @@ class Shadows:
         self.by_storage: dict[int, torch.UntypedStorage] = {}
         self._fake = _fake_type()
         self._ops: dict[Any, tuple[bool, bool]] = {}  # op -> (writes its inputs, random)
+        # told (tensor, its last known storage) when a shadow is dropped (guesses.py keeps it)
+        self.on_forget: Any = None
 
     def __len__(self) -> int:
         return len(self.by_storage)
@@ -113,6 +119,8 @@ class Shadows:
             info = self._ops[func] = (getattr(getattr(func, "_schema", None), "is_mutable", True), _is_random(func))
         written, random = info
         fake = self._fake
+        if func in _OVERWRITES and type(args[0]) is fake and self._overwrite(func, args, kwargs):
+            return
         known = not random
         if known:
             if type(out) is fake:
@@ -134,6 +142,30 @@ class Shadows:
                 return
         if written and self.by_storage:
             self._forget(args, kwargs)
+
+    def _overwrite(self, func: Any, args: tuple, kwargs: dict) -> bool:
+        """``zero_`` / ``fill_(number)`` (``nn.init.zeros_``, ``bias.data.zero_()``) make a
+        small storage's values known whatever it held, when they cover all of it."""
+        t = args[0]
+        st = t.untyped_storage()
+        key = st._cdata
+        base = self.by_storage.get(key)
+        if base is None:
+            if st.nbytes() > SHADOW_BYTES or t.numel() * t.element_size() != st.nbytes() or not t.is_contiguous():
+                return False
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():
+                base = torch.zeros(st.nbytes(), dtype=torch.uint8).untyped_storage()
+        real = self._real_args(args, kwargs) if key in self.by_storage else None
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            view = torch.empty((0,), dtype=t.dtype).set_(base, t.storage_offset(), t.size(), t.stride())
+            func(view, *args[1:], **kwargs) if real is None else func(*real[0], **real[1])
+        if key not in self.by_storage:
+            self._keep(t, view)
+        return True
 
     def data_dependent(self, func: Any, args: tuple, kwargs: dict, fake_mode: Any) -> Any:
         """The result of an op fake tensors cannot give (``_local_scalar_dense`` behind
@@ -182,4 +214,6 @@ class Shadows:
     def _forget(self, args: tuple, kwargs: dict) -> None:
         for t in tree_flatten((args, kwargs))[0]:
             if isinstance(t, self._fake):
-                self.by_storage.pop(t.untyped_storage()._cdata, None)
+                old = self.by_storage.pop(t.untyped_storage()._cdata, None)
+                if old is not None and self.on_forget is not None:
+                    self.on_forget(t, old)

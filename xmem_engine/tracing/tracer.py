@@ -40,6 +40,8 @@ from xmem_engine.tracing.errors import StopTracing
 from xmem_engine.tracing.frames import as_torch_error, op_name, user_frame
 from xmem_engine.tracing.patches import patched_attr
 from xmem_engine.tracing.scope import CallScope
+from xmem_engine.tracing.guesses import Guesses
+from xmem_engine.tracing.host_memory import HostBudget
 from xmem_engine.tracing.shadow_values import Shadows
 from xmem_engine.tracing.user_state import UserState
 from xmem_engine.tracing.virtual_cuda import VirtualCuda, VirtualStream
@@ -96,6 +98,8 @@ class Tracer:
         self.fake = mode == "fake"
         # fake mode: real values of small GPU tensors whose contents are known (shadow_values.py)
         self.shadows: Shadows | None = None
+        # fake mode: the values nobody knows, guessed (guesses.py)
+        self.guesses: Guesses | None = None
         self.allocator = allocator
         self.events: list[TraceEvent] = []
         self.live: dict[int, Live] = {}
@@ -106,6 +110,7 @@ class Tracer:
         self.op_hooks: list[Callable[["Tracer", Any, tuple, dict, Any], None]] = []
         self.sdpa_calls = 0  # attention calls whose CUDA backend sdpa.py chose for this GPU
         self.notes: list[str] = []  # what the estimate should tell about how this run was traced
+        self.real_ops: dict[str, int] = {}  # fake mode: ops run for real (no fake kernel), by name
         self.module_types: dict[str, str] = {}  # module path -> class name ("layers.0.mlp.fc1" -> "Linear")
         self._next_id = 0
         self._param_module: dict[int, str] = {}  # id(parameter) -> path of the module owning it
@@ -128,6 +133,10 @@ class Tracer:
         self._extra_blocks: dict[int, Any] = {}
         self.fake_mode: Any = None  # the FakeTensorMode, in fake mode
         self.user_state: UserState | None = None  # copy-on-write of the user's tensors
+        # real mode: the host memory its real tensors may take (host_memory.py)
+        self.host_budget: HostBudget | None = None
+        self.live_bytes = 0  # bytes of GPU storages alive now, and the most at any time
+        self.peak_live_bytes = 0
 
         def tensor_record_stream(t: torch.Tensor, stream: VirtualStream) -> None:
             if not isinstance(stream, VirtualStream):
@@ -258,6 +267,9 @@ class Tracer:
                         raise
                     raise as_torch_error(torch.OutOfMemoryError(f"CUDA out of memory (simulated by xmem). {e}")) from None
                 self.events.append(ev)
+                self.live_bytes += nbytes
+                if self.live_bytes > self.peak_live_bytes:
+                    self.peak_live_bytes = self.live_bytes
             self.live[key] = Live(ev, block, weakref.ref(st, self._storage_died(key)), nbytes)
         finally:
             self._busy -= 1
@@ -285,6 +297,7 @@ class Tracer:
         if rec is None or rec.event is None:
             return
         a = rec.event
+        self.live_bytes -= a.bytes
         self.events.append(
             TraceEvent(FREE, id=a.id, bytes=a.bytes, stream=a.stream, category=a.category, op=a.op,
                        module=self.current_module(), phase=self.phase, dtype=a.dtype, shape=a.shape,

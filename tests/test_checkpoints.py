@@ -1,0 +1,80 @@
+"""torch.save / torch.load in fake mode (checkpoints.py): nothing written, a later load in
+the traced code returns a copy allocated where map_location puts it, as a real load is."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_shadow_values import alloc_stream
+from xmem_engine.tracing import trace
+
+SAVE_LOAD = """
+import io
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+torch.save(model.state_dict(), PATH)
+torch.save({"step": 3, "lr": 0.1}, META)              # no tensors: written as usual
+state = torch.load(PATH, map_location=LOCATION)
+model.load_state_dict(state)
+devices = sorted({str(t.device) for t in state.values()})
+meta = torch.load(META)
+"""
+
+
+@pytest.mark.parametrize("location, devices", [("None", ["cuda:0"]), ("'cpu'", ["cpu"]), ("'cuda'", ["cuda:0"])])
+def test_a_checkpoint_round_trip_allocates_as_a_real_one(tmp_path, location, devices):
+    runs = {}
+    for mode in ("fake", "real"):
+        path, meta = tmp_path / f"{mode}.pt", tmp_path / f"{mode}-meta.pt"
+        ns = {"PATH": str(path), "META": str(meta)}
+        tr = trace(SAVE_LOAD.replace("LOCATION", location), ns, mode=mode)
+        runs[mode] = (tr, ns, path.exists(), meta.exists())
+    (fake, fns, fake_written, fake_meta), (real, rns, real_written, real_meta) = runs["fake"], runs["real"]
+    assert fake.mode == "fake" and not fake_written and real_written  # fake mode wrote no checkpoint...
+    assert fake_meta and real_meta and fns["meta"] == rns["meta"] == {"step": 3, "lr": 0.1}  # ...but a plain one
+    assert fns["devices"] == rns["devices"] == devices
+    assert alloc_stream(fake) == alloc_stream(real)
+    assert any(n.startswith("torch.save at <cell>:5 wrote nothing") for n in fake.meta["notes"])
+
+
+def test_a_checkpoint_in_a_file_object_and_a_whole_module():
+    src = """
+import io
+import torch
+model = torch.nn.Linear(32, 32).cuda()
+buf = io.BytesIO()
+torch.save(model, buf)
+buf.seek(0)
+copy = torch.load(buf, weights_only=False)
+same_shape = copy.weight.shape == model.weight.shape and copy.weight is not model.weight
+on_gpu = copy.weight.is_cuda
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake")
+    assert ns["same_shape"] and ns["on_gpu"]
+    assert sum(e.bytes for e in tr.events if e.kind == "alloc" and e.op == "aten._to_copy.default") >= 2 * 32 * 32 * 4 - 1
+
+
+def test_loading_what_was_never_saved_is_torchs_error(tmp_path):
+    src = f"import torch\nstate = torch.load({str(tmp_path / 'missing.pt')!r})\n"
+    with pytest.raises(FileNotFoundError):
+        trace(src, {}, mode="fake")
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_weights_saved_before_the_trace_load_onto_the_virtual_gpu(tmp_path, mode):
+    import torch
+
+    path = tmp_path / "pretrained.pt"
+    torch.save(torch.nn.Linear(256, 256).state_dict(), path)
+    src = f"""
+import torch
+model = torch.nn.Linear(256, 256).cuda()
+model.load_state_dict(torch.load({str(path)!r}, map_location="cuda"))
+on_gpu = all(t.is_cuda for t in torch.load({str(path)!r}, map_location=torch.device("cuda", 0)).values())
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode=mode)
+    assert ns["on_gpu"] is True
+    loaded = [e for e in tr.events if e.kind == "alloc" and e.phase == "other" and e.bytes == 256 * 256 * 4]
+    assert len(loaded) == 3  # the model's weight, and each load's copy of it on the GPU

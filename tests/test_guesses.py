@@ -1,0 +1,134 @@
+"""Fake mode keeps going where code reads values nobody has (guesses.py): values are guessed
+from the op chain with ones at its unknown leaves, data-dependent sizes take their upper
+bound, and each guess is noted with its line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_shadow_values import alloc_stream
+from xmem_engine.estimate import estimate
+from xmem_engine.tracing import UnsupportedOpError, guesses, trace
+
+GUARDED_STEP = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+x = torch.randn(8, 16, device="cuda")
+y = torch.randint(0, 4, (8,), device="cuda")
+skipped = 0
+for step in range(3):
+    loss = F.cross_entropy(model(x), y)
+    if torch.isnan(loss) or torch.isinf(loss):   # guessed: finite
+        skipped += 1
+        continue
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if not torch.isfinite(norm).all():          # guessed: finite
+        skipped += 1
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_guarded_training_step_is_guessed_onto_the_path_a_gpu_takes():
+    ns: dict = {}
+    fake = trace(GUARDED_STEP, ns, mode="auto")
+    assert fake.mode == "fake" and "fallback" not in fake.meta and ns["skipped"] == 0
+    lines = {(g["what"], g["value"], g["where"], g["count"]) for g in fake.meta["guesses"]}
+    assert lines == {("bool(tensor)", "False", "<cell>:13", 6), ("bool(tensor)", "True", "<cell>:18", 3)}
+    real = trace(GUARDED_STEP, {}, mode="real")
+    assert alloc_stream(fake) == alloc_stream(real)
+
+
+def test_a_loop_on_a_guessed_value_is_not_guessed(monkeypatch):
+    monkeypatch.setattr(guesses, "LOOP_LIMIT", 50)
+    src = """
+import torch
+big = torch.rand(300_000, device="cuda") + 1     # too big to stand in for: its max is guessed
+halvings = 0
+while big.max() > 1e-3:
+    big = big * 0.5
+    halvings += 1
+"""
+    with pytest.raises(UnsupportedOpError, match="loop") as ei:
+        trace(src, {}, mode="fake")
+    assert "bool(tensor) at <cell>:5" in str(ei.value)
+    ns: dict = {}
+    tr = trace(src, ns, mode="auto")
+    assert tr.mode == "real" and "loop" in tr.meta["fallback"] and 10 <= ns["halvings"] <= 12
+
+
+def test_a_guess_inside_a_library_names_both_lines():
+    lib_src = "def get_lr(rms, eps=1e-3):\n    return max(eps, rms)\n"
+    lib: dict = {}
+    exec(compile(lib_src, "/opt/env/site-packages/somelib/optim.py", "exec"), lib)
+    src = """
+import torch
+w = torch.nn.Parameter(torch.randn(64, 64, device="cuda"))
+rms = w.norm(2) / 64
+lr = get_lr(rms)
+"""
+    tr = trace(src, {"get_lr": lib["get_lr"]}, mode="fake")
+    (g,) = tr.meta["guesses"]
+    assert (g["what"], g["value"], g["where"], g["inside"]) == ("bool(tensor)", "True", "<cell>:5", "somelib/optim.py:2")
+    assert any("at <cell>:5 (in somelib/optim.py:2)" in n for n in tr.meta["notes"])
+
+
+def test_constant_initialisers_make_small_parameters_known():
+    src = """
+import torch
+import torch.nn as nn
+b = nn.Parameter(torch.empty(4, device="cuda"))
+nn.init.zeros_(b)
+g = nn.Parameter(torch.empty(4, device="cuda"))
+g.data.fill_(2.0)
+zero_bias = not bool(b.abs().sum() > 0)
+total = (g * 2).sum().item()
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake")
+    assert ns["zero_bias"] is True and ns["total"] == 16.0 and "guesses" not in tr.meta
+
+
+@pytest.mark.parametrize("call, shapes", [
+    ("torch.unique(x)", [(64,)]),
+    ("torch.unique(x, return_inverse=True, return_counts=True)", [(64,), (8, 8), (64,)]),
+    ("torch.unique_consecutive(x, return_counts=True)", [(64,), (64,)]),
+    ("torch.unique(x, dim=0, return_inverse=True)", [(8, 8), (8,)]),
+    ("torch.masked_select(x, x > 0)", [(64,)]),
+    ("torch.where(x > 0)", [(64,), (64,)]),
+    ("x[(x > 0).any(1)]", [(8, 8)]),
+])
+def test_data_dependent_sizes_take_their_upper_bound(call, shapes):
+    src = f"import torch\nx = torch.randn(8, 8, device='cuda') @ torch.randn(8, 8, device='cuda')\nout = {call}\n" \
+          "out = out if isinstance(out, tuple) else (out,)\nshapes = [tuple(t.shape) for t in out]\n"
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake")
+    assert ns["shapes"] == shapes
+    assert {g["kind"] for g in tr.meta["guesses"]} == {"size"} and tr.meta["guesses"][0]["where"] == "<cell>:3"
+
+
+def test_guesses_reach_the_estimate_notes():
+    est = estimate(GUARDED_STEP, "A100-40GB")
+    assert est.mode == "fake"
+    assert guesses.GUESS_HEADLINE in est.notes
+    assert any(n.startswith("guessed bool(tensor) = False at <cell>:13") for n in est.notes)
+    out = est.to_json()["guesses"]
+    assert {(g["where"], g["count"], g["kind"]) for g in out} == {("<cell>:13", 6, "value"), ("<cell>:18", 3, "value")}
+
+
+def test_values_known_from_the_host_are_not_guesses():
+    src = """
+import torch
+labels = torch.tensor([0, 1, 1, 0]).cuda()
+if (labels == 1).sum() == 2:
+    both = True
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake")
+    assert ns["both"] is True and "guesses" not in tr.meta

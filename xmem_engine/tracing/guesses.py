@@ -1,0 +1,547 @@
+"""Guessed values for fake tensors: how fake mode keeps going when code reads a value nobody has.
+
+Why: fake tensors carry no values. The shadows (``shadow_values.py``) know the small tensors
+that come from data; a value computed from parameters or activations (a loss, a gradient
+norm, Adafactor's RMS) stays unknown. Reading one used to send the whole script to real
+mode: 10-100x slower, and for a billion-parameter model more host memory than the machine
+has. GPU memory almost never depends on such a value (it picks a branch that logs, clips or
+skips), so fake mode goes on with a guess and the trace lists each one with the line that
+made it (``Trace.meta["guesses"]``, and the estimate's notes).
+
+Two kinds of guess:
+
+* **Values** (``bool(t)``, ``t.item()`` in a condition, ``int(t)``, ``t.tolist()``,
+  ``torch.equal``): what the op chain gives when each unknown tensor at its leaves holds ones.
+  Small unknown outputs remember, weakly, the op that made them, so ``isnan(loss).any()`` is
+  ``isnan(1.0)``: False, the step is not skipped; Adafactor's ``max(eps, rms)`` takes the
+  RMS. A small storage that an op writes unknown values into keeps its last known value
+  (a GradScaler's ``found_inf`` stays 0: no overflow, the step is taken).
+* **Sizes** of ops whose output shape depends on values (``nonzero``, boolean masks,
+  ``unique``, ``masked_select``, ``torchvision.ops.nms``): the upper bound, every element
+  selected, every value distinct, every box kept. The estimate errs on the safe side.
+
+A guessed value that decides the same line :data:`LOOP_LIMIT` times is a loop on a value
+(``while loss > target``): that is not guessed, and ``auto`` mode re-runs in real mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import weakref
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from xmem_engine.tracing.errors import NeedsRealValues
+from xmem_engine.tracing.frames import TORCH_DIR, XMEM_DIR, op_name, user_frame
+from xmem_engine.tracing.shadow_values import SHADOW_BYTES, Shadows
+
+LOOP_LIMIT = 10_000  # guesses at one line before it counts as a loop on a value
+DEPTH = 32  # ops followed back from a value to the leaves of its chain
+MAX_OUTPUTS = 4  # ops with more outputs (foreach over parameters) are not remembered
+
+_LONG = torch.long
+
+
+@dataclass
+class Guess:
+    """One line's guess: what the code read, the value it got, where (the user's line, and
+    the library line that read it when that is not the user's own), how many times."""
+
+    what: str
+    value: str
+    where: str
+    inside: str = ""
+    count: int = 1
+    kind: str = "value"  # "value" or "size" (an upper bound on a data-dependent size)
+
+    def note(self) -> str:
+        inside = f" (in {self.inside})" if self.inside else ""
+        times = f", {self.count:,} times" if self.count > 1 else ""
+        if self.kind == "size":
+            return f"guessed the size of {self.what} at {self.where or '?'}{inside}: {self.value}{times}"
+        return f"guessed {self.what} = {self.value} at {self.where or '?'}{inside}{times}"
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+GUESS_HEADLINE = ("fake tensors carry no values: the guesses below stand for values computed from weights "
+                  "(memory rarely depends on them; --mode real runs on real values)")
+
+
+@contextlib.contextmanager
+def bare() -> Iterator[None]:
+    """Real tensors, unseen: no fake mode, no dispatch or function mode records what the
+    guesses compute (the tracer's modes would take it for the user's work)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+        yield
+
+
+class _Ref:
+    """An op's tensor input, held weakly, with what is known of its value at the time
+    (a known or last known storage, or the op that made it), so that a temporary
+    (``isnan(loss)`` in ``isnan(loss).any()``) can still be followed once it has died."""
+
+    __slots__ = ("ref", "size", "stride", "offset", "dtype", "nbytes", "value", "maker")
+
+    def __init__(self, t: torch.Tensor, value: torch.UntypedStorage | None, maker: tuple | None):
+        self.ref = weakref.ref(t)
+        self.size, self.stride, self.offset, self.dtype = t.size(), t.stride(), t.storage_offset(), t.dtype
+        self.nbytes = t.untyped_storage().nbytes()
+        self.value, self.maker = value, maker
+
+
+def _real_view(storage: torch.UntypedStorage, like: Any) -> torch.Tensor | None:
+    """A real tensor on ``storage`` with ``like``'s dtype, sizes, strides and offset."""
+    size, stride, offset, dtype = (like.size(), like.stride(), like.storage_offset(), like.dtype) \
+        if isinstance(like, torch.Tensor) else (like.size, like.stride, like.offset, like.dtype)
+    try:
+        with bare():
+            return torch.empty((0,), dtype=dtype).set_(storage, offset, size, stride)
+    except RuntimeError:  # the storage is too small for that view, or of another kind
+        return None
+
+
+def _ones(like: Any, nbytes: int) -> torch.Tensor | None:
+    dtype = like.dtype
+    with bare():
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        storage = torch.ones(max(nbytes // itemsize, 1), dtype=dtype).untyped_storage()
+    return _real_view(storage, like)
+
+
+class Guesses:
+    """The guesses of one fake-mode trace, and what they are made from."""
+
+    def __init__(self, shadows: Shadows, fake_mode: Any):
+        self.shadows = shadows
+        self.fake_mode = fake_mode
+        self._fake = shadows._fake
+        # storage -> (op, weak args, weak kwargs, which output): how a small unknown storage was made
+        self.producers: dict[int, tuple[Any, Any, Any, int]] = {}
+        # storage -> its last known value, before an op wrote unknown values into it
+        self.stale: dict[int, torch.UntypedStorage] = {}
+        self._watched: set[int] = set()
+        self.made: dict[tuple[str, str, str], Guess] = {}
+        self.defer = 0  # >0 while Tensor.item() & co. guess for themselves (DeviceMode)
+        self._ops: dict[Any, bool] = {}  # op -> worth remembering (not mutable, not random)
+        shadows.on_forget = self._forgotten
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _watch(self, st: torch.UntypedStorage, key: int) -> None:
+        if key not in self._watched:
+            self._watched.add(key)
+            weakref.finalize(st, self._died, key)
+
+    def _died(self, key: int) -> None:
+        self._watched.discard(key)
+        self.producers.pop(key, None)
+        self.stale.pop(key, None)
+
+    def _forgotten(self, t: torch.Tensor, storage: torch.UntypedStorage) -> None:
+        """Shadows dropped ``t``'s known value (unknown values were written into it): keep it
+        as the guess of what it holds now."""
+        st = t.untyped_storage()
+        key = st._cdata
+        self.stale[key] = storage
+        self._watch(st, key)
+
+    def after_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Remember how a small unknown output was made, if its tensor inputs are small too.
+        Runs for every fake op: most return at the first test (a big output)."""
+        fake = self._fake
+        if type(out) is fake:
+            outs: Any = (out,)
+        elif type(out) in (tuple, list) and 0 < len(out) <= MAX_OUTPUTS:
+            outs = out
+        else:
+            return
+        keys = []
+        for o in outs:
+            if type(o) is not fake:
+                return
+            st = o.untyped_storage()
+            if st.nbytes() > SHADOW_BYTES:
+                return
+            keys.append(st._cdata)
+        worth = self._ops.get(func)
+        if worth is None:
+            schema = getattr(func, "_schema", None)
+            worth = self._ops[func] = bool(schema is not None and not schema.is_mutable and
+                                          torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()))
+        if not worth:
+            return
+        known = self.shadows.by_storage
+        if any(k in known or k in self.producers for k in keys):
+            return  # known, or a view of a storage whose maker is remembered
+        for x in tree_flatten((args, kwargs))[0]:
+            if isinstance(x, torch.Tensor):
+                st = x.untyped_storage()
+                if st._cdata in keys:
+                    return  # a view
+                if st.nbytes() > SHADOW_BYTES:  # made from something big: a reduction of ones, or ones
+                    if len(outs) == 1:
+                        self._reduced_ones(func, args, kwargs, outs[0], keys[0])
+                    return
+        def weak(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor):
+                return x
+            k = x.untyped_storage()._cdata
+            return _Ref(x, self.shadows.by_storage.get(k) or self.stale.get(k), self.producers.get(k))
+
+        weak_args, weak_kwargs = tree_map(weak, args), tree_map(weak, kwargs)
+        for i, (o, key) in enumerate(zip(outs, keys)):
+            self.producers[key] = (func, weak_args, weak_kwargs, i)
+            self._watch(o.untyped_storage(), key)
+
+    def _reduced_ones(self, func: Any, args: tuple, kwargs: dict, out: torch.Tensor, key: int) -> None:
+        """A reduction of a big unknown tensor (``p.norm()``, ``loss.sum()``): its value were
+        the tensor all ones, so that Adafactor's RMS of a weight is 1, not 1/sqrt(numel)."""
+        rule = ONES_REDUCTIONS.get(op_name(func))
+        x = args[0] if args else None
+        if rule is None or not isinstance(x, torch.Tensor) or out.numel() == 0:
+            return
+        value = rule(x.numel() / out.numel(), args, kwargs)
+        with bare():
+            storage = torch.full((out.untyped_storage().nbytes() // out.element_size(),), value,
+                                 dtype=out.dtype).untyped_storage()
+        self.stale[key] = storage
+        self._watch(out.untyped_storage(), key)
+
+    # ------------------------------------------------------------------ values
+    def surrogate(self, t: torch.Tensor, depth: int = 0, memo: dict | None = None) -> torch.Tensor | None:
+        """A real tensor standing for fake ``t``: its shadow, its last known value, its maker
+        run on surrogates of its inputs, or ones; None for a big tensor with none of these."""
+        if not isinstance(t, self._fake):
+            return t
+        real = self.shadows.real(t)
+        if real is not None:
+            return real
+        st = t.untyped_storage()
+        key = st._cdata
+        memo = {} if memo is None else memo
+        if key in memo:
+            return _real_view(memo[key], t) if memo[key] is not None else None
+        storage = self.stale.get(key)
+        if storage is None and depth < DEPTH and key in self.producers:
+            storage = self._run_producer(key, depth, memo)
+        if storage is None and st.nbytes() <= SHADOW_BYTES:
+            leaf = _ones(t, st.nbytes())
+            storage = leaf.untyped_storage() if leaf is not None else None
+        memo[key] = storage
+        return _real_view(storage, t) if storage is not None else None
+
+    def _run_producer(self, key: int, depth: int, memo: dict) -> torch.UntypedStorage | None:
+        memo[key] = None  # a cycle ends in ones
+        return self._run(self.producers[key], depth, memo)
+
+    def _run(self, maker: tuple, depth: int, memo: dict) -> torch.UntypedStorage | None:
+        func, weak_args, weak_kwargs, index = maker
+
+        def resolve(x: Any) -> Any:
+            if not isinstance(x, _Ref):
+                return x
+            t = x.ref()
+            if t is not None:  # alive: what is known of it now
+                r = self.surrogate(t, depth + 1, memo)
+                if r is not None:
+                    return r
+            storage = x.value
+            if storage is None and x.maker is not None and depth + 1 < DEPTH:
+                storage = self._run(x.maker, depth + 1, memo)
+            r = _real_view(storage, x) if storage is not None else None
+            return r if r is not None else _ones(x, x.nbytes)
+
+        try:
+            args, kwargs = tree_map(resolve, weak_args), tree_map(resolve, weak_kwargs)
+            with bare():
+                out = func(*args, **kwargs)
+        except Exception:  # the real kernel refuses the stand-ins: the value is a leaf
+            return None
+        outs = tree_flatten(out)[0]
+        if index >= len(outs) or not isinstance(outs[index], torch.Tensor):
+            return None
+        return outs[index].untyped_storage()
+
+    def scalar(self, t: torch.Tensor) -> Any:
+        """The guessed value of a one-element tensor (1 when nothing better is known)."""
+        r = self.surrogate(t)
+        if r is None or r.numel() != 1:
+            return 1
+        with bare():
+            return r.item()
+
+    def read(self, what: str, fn: Callable[[torch.Tensor], Any], t: torch.Tensor) -> Any:
+        """``fn`` (``bool``, ``int``, ``Tensor.tolist``...) of ``t``'s surrogate, noted as a
+        guess; NeedsRealValues if ``t`` is too big to stand in for."""
+        r = self.surrogate(t)
+        if r is None:
+            raise NeedsRealValues(what, "a value of a large tensor decides control flow", user_frame(3))
+        with bare():
+            value = fn(r)
+        return self.decide(what, value)
+
+    def decide(self, what: str, value: Any, kind: str = "value") -> Any:
+        """Note that ``value``, a guess, decided something at the current user line."""
+        where, inside = user_frame(2), _library_frame()
+        if inside and where and inside == where:
+            inside = ""
+        key = (what, where, inside)
+        g = self.made.get(key)
+        if g is None:
+            shown = value if kind == "size" else _show(value)
+            g = self.made[key] = Guess(what, shown, where, inside, kind=kind)
+        else:
+            g.count += 1
+            if g.count > LOOP_LIMIT and kind == "value":
+                raise NeedsRealValues(what, f"a guessed value decided it {LOOP_LIMIT:,} times: a loop on a value "
+                                      "that fake tensors do not have", where)
+        return value
+
+    # ------------------------------------------------------------------ sizes
+    def data_dependent(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Outputs (fake) of an op whose result depends on values fake tensors lack: an upper
+        bound for the sizes of the ops in :data:`BOUNDS`, else the op run on surrogates of
+        small inputs; NotImplemented when neither applies."""
+        bound = BOUNDS.get(op_name(func))
+        if bound is not None:
+            out, what = bound(args, kwargs)
+            if out is not NotImplemented:
+                if what is not None:  # None: the sizes are exact, nothing was guessed
+                    self.decide(f"{_short(func)}'s output", what, kind="size")
+                return out
+        if _is_value_read(func):
+            return self._value_op(func, args, kwargs)
+        return self._run_on_surrogates(func, args, kwargs)
+
+    def _value_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """An op that returns a Python value (``_local_scalar_dense`` called from C++,
+        ``equal``, ``is_nonzero``): its value on the surrogates, noted."""
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return self.decide("a tensor's value", self.scalar(args[0]))
+        real = self._real_args(args, kwargs)
+        if real is None:
+            return NotImplemented
+        with bare():
+            value = func(*real[0], **real[1])
+        return self.decide(_short(func), value)
+
+    def _real_args(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        missing = False
+        memo: dict = {}
+
+        def swap(x: Any) -> Any:
+            nonlocal missing
+            if isinstance(x, self._fake):
+                r = self.surrogate(x, 0, memo)
+                if r is None:
+                    missing = True
+                return r
+            return x
+
+        real = tree_map(swap, args), tree_map(swap, kwargs)
+        return None if missing else real
+
+    def _run_on_surrogates(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        real = self._real_args(args, kwargs)
+        if real is None:
+            return NotImplemented
+        try:
+            with bare():
+                out = func(*real[0], **real[1])
+        except Exception:
+            return NotImplemented
+        shapes = [tuple(t.shape) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self.decide(f"{_short(func)}'s output", f"{shapes} (run on guessed inputs)", kind="size")
+        return tree_map(lambda r: self.fake_mode.from_tensor(r) if isinstance(r, torch.Tensor) else r, out)
+
+    # ------------------------------------------------------------------ results
+    def guesses(self) -> list[Guess]:
+        return list(self.made.values())
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _short(func: Any) -> str:
+    name = str(func)
+    for prefix in ("aten.", "torchvision."):
+        if name.startswith(prefix):
+            name = ("torchvision.ops." if prefix == "torchvision." else "") + name[len(prefix):]
+            break
+    return name.removesuffix(".default").removesuffix(".Tensor")
+
+
+def _library_frame() -> str:
+    """``file:line`` of the innermost frame outside torch, xmem and the standard library
+    (a library such as transformers, or the user's own code)."""
+    import sysconfig
+
+    stdlib = sysconfig.get_paths().get("stdlib", "")
+    f = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith((TORCH_DIR, XMEM_DIR)) or fn.startswith("<frozen") or (stdlib and fn.startswith(stdlib))):
+            return f"{_site_relative(fn)}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
+def _site_relative(fn: str) -> str:
+    marker = "site-packages/"
+    i = fn.find(marker)
+    return fn[i + len(marker):] if i >= 0 else fn
+
+
+_VALUE_READS = ("aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero", "aten::allclose")
+
+
+def _is_value_read(func: Any) -> bool:
+    schema = getattr(func, "_schema", None)
+    return schema is not None and schema.name in _VALUE_READS
+
+
+# --------------------------------------------------------------------------- reductions of ones
+def _norm(k: float, args: tuple, kwargs: dict) -> float:
+    p = args[1] if len(args) > 1 and isinstance(args[1], (int, float)) else kwargs.get("ord", kwargs.get("p", 2))
+    p = 2 if p is None else float(p)
+    if p == 0:
+        return k
+    return 1.0 if p in (float("inf"), float("-inf")) else k ** (1.0 / p)
+
+
+# op name -> value of the op on all-ones input, from k = input elements per output element
+ONES_REDUCTIONS: dict[str, Callable[[float, tuple, dict], Any]] = {
+    "aten.linalg_vector_norm.default": _norm,
+    "aten.norm.Scalar": _norm,
+    "aten.norm.ScalarOpt_dim": _norm,
+    "aten.sum.default": lambda k, a, kw: k,
+    "aten.sum.dim_IntList": lambda k, a, kw: k,
+    "aten.count_nonzero.default": lambda k, a, kw: k,
+    "aten.count_nonzero.dim_IntList": lambda k, a, kw: k,
+    "aten.mean.default": lambda k, a, kw: 1,
+    "aten.mean.dim": lambda k, a, kw: 1,
+    "aten.prod.default": lambda k, a, kw: 1,
+    "aten.amax.default": lambda k, a, kw: 1,
+    "aten.amin.default": lambda k, a, kw: 1,
+    "aten.max.default": lambda k, a, kw: 1,
+    "aten.min.default": lambda k, a, kw: 1,
+    "aten.var.correction": lambda k, a, kw: 0,
+    "aten.std.correction": lambda k, a, kw: 0,
+    "aten.any.default": lambda k, a, kw: True,
+    "aten.any.dim": lambda k, a, kw: True,
+    "aten.any.dims": lambda k, a, kw: True,
+    "aten.all.default": lambda k, a, kw: True,
+    "aten.all.dim": lambda k, a, kw: True,
+    "aten.all.dims": lambda k, a, kw: True,
+}
+
+
+# --------------------------------------------------------------------------- upper bounds
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    # Called inside the dispatch mode's handler: FakeTensorMode, next on the stack, makes it.
+    return torch.ops.aten.empty.memory_format(list(shape), dtype=dtype, device=torch.device("cpu"))
+
+
+def _nonzero(args: tuple, kwargs: dict) -> tuple[Any, str]:
+    x = args[0]
+    return _empty((x.numel(), x.dim()), _LONG), f"{x.numel():,} rows (every element nonzero)"
+
+
+def _index(args: tuple, kwargs: dict) -> tuple[Any, str]:
+    x, indices = args[0], list(args[1])
+    new: list[Any] = []
+    selected = 0
+    for i in indices:
+        if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
+            # CUDA's index takes nonzero() of a mask: one (n, k) index tensor, its columns used
+            rows = _empty((i.numel(), i.dim()), _LONG)
+            new.extend(torch.ops.aten.unbind.int(rows, 1))
+            selected = i.numel()
+        else:
+            new.append(i)
+    out = torch.ops.aten.index.Tensor(x, new)
+    return out, f"{selected:,} elements selected (every mask element true)"
+
+
+def _masked_select(args: tuple, kwargs: dict) -> tuple[Any, str]:
+    x, mask = args[0], args[1]
+    n = torch.broadcast_shapes(x.shape, mask.shape).numel()
+    return _empty((n,), x.dtype), f"{n:,} elements (every mask element true)"
+
+
+def _unique(args: tuple, kwargs: dict, *, flags: tuple[int, int]) -> tuple[Any, str]:
+    x = args[0]
+    get = lambda i, name: bool(args[i]) if len(args) > i else bool(kwargs.get(name, False))  # noqa: E731
+    inverse, counts = get(flags[0], "return_inverse"), get(flags[1], "return_counts")
+    n = x.numel()
+    out = (_empty((n,), x.dtype), _empty(tuple(x.shape) if inverse else (0,), _LONG),
+           _empty((n,) if counts else (0,), _LONG))
+    return out, f"{n:,} values (all distinct)"
+
+
+def _unique_one(args: tuple, kwargs: dict) -> tuple[Any, str]:  # aten::_unique: two outputs
+    out, what = _unique(args, kwargs, flags=(2, 99))
+    return out[:2], what
+
+
+def _unique_dim(args: tuple, kwargs: dict) -> tuple[Any, str]:
+    x, dim = args[0], args[1]
+    n = x.size(dim)
+    return (_empty(tuple(x.shape), x.dtype), _empty((n,), _LONG), _empty((n,), _LONG)), f"{n:,} slices (all distinct)"
+
+
+def _pack_padded(args: tuple, kwargs: dict) -> tuple[Any, str | None]:
+    """``pack_padded_sequence``: its sizes come from ``lengths``, a host tensor with real
+    values; ``batch_sizes`` stays a real host tensor (the RNN kernels read its memory)."""
+    x, lengths, batch_first = args[0], args[1], bool(args[2]) if len(args) > 2 else bool(kwargs.get("batch_first"))
+    if _is_fake(lengths):
+        return NotImplemented, None
+    with bare():
+        counts = [int(n) for n in lengths.tolist()]
+        if not counts or min(counts) <= 0:
+            return NotImplemented, None  # the real kernel's own error, raised by the caller
+        steps = max(counts)
+        batch_sizes = torch.tensor([sum(1 for n in counts if n > t) for t in range(steps)], dtype=_LONG)
+    feature = tuple(x.shape[2:])
+    return (_empty((sum(counts), *feature), x.dtype), batch_sizes), None
+
+
+def _is_fake(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def _nms(args: tuple, kwargs: dict) -> tuple[Any, str]:
+    scores = args[1]
+    return _empty((scores.numel(),), _LONG), f"{scores.numel():,} boxes (all kept)"
+
+
+# by op name (``str(op)``): torchvision's op need not be loaded for its entry to exist
+BOUNDS: dict[str, Callable[[tuple, dict], tuple[Any, str]]] = {
+    "aten.nonzero.default": _nonzero,
+    "aten.index.Tensor": _index,
+    "aten.masked_select.default": _masked_select,
+    "aten._unique2.default": lambda a, k: _unique(a, k, flags=(2, 3)),
+    "aten.unique_consecutive.default": lambda a, k: _unique(a, k, flags=(1, 2)),
+    "aten._unique.default": _unique_one,
+    "aten.unique_dim.default": _unique_dim,
+    "aten.unique_dim_consecutive.default": _unique_dim,
+    "torchvision.nms.default": _nms,
+    "aten._pack_padded_sequence.default": _pack_padded,
+}
+
+# Ops whose fake kernel would touch real memory (their CPU kernels read index tensors'
+# data directly): their rule runs before it, not after it fails.
+BEFORE_FAKE = frozenset({torch.ops.aten._pack_padded_sequence.default})
