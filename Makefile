@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up .venv first (scripts/setup.sh).
-.PHONY: setup test test-torch-ends start cli-demo bench bench-setup paper-runs
+.PHONY: setup test test-torch-ends start cli-demo bench bench-setup paper-runs zoo
 
 setup:
 	@bash scripts/setup.sh
@@ -28,10 +28,17 @@ bench: setup
 # needs torch 2.14.1 here (a large build), which the test environment does not need.
 # transformers is pinned to the release the paper's GPU runs used (4.51): its models build
 # their attention and loss differently from later releases, and paper_runs.py rebuilds those runs.
+# peft, accelerate, timm and diffusers are for the zoo's scripts (benchmarks/zoo/), pinned to
+# releases that go with that transformers and torch.
 bench-setup:
 	@test -x .venv-bench/bin/python || python3 -m venv .venv-bench
-	.venv-bench/bin/pip install --quiet --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1" "transformers==4.51.3"
+	.venv-bench/bin/pip install --quiet --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1" "transformers==4.51.3" \
+		"peft==0.15.2" "accelerate==1.6.0" "timm==1.0.15" "diffusers==0.33.1"
 	.venv-bench/bin/pip install --quiet --disable-pip-version-check -e .
+
+# The ecosystem zoo (benchmarks/zoo/): every script estimated under an 8 GiB host-memory cap.
+zoo: bench-setup
+	.venv-bench/bin/python benchmarks/zoo.py --markdown
 
 paper-runs: bench-setup
 	.venv-bench/bin/python benchmarks/paper_runs.py

@@ -1,0 +1,165 @@
+"""Estimate every training script in ``benchmarks/zoo/`` as a new user would, and print a table.
+
+Each script is written as its author would write it for a GPU (``.cuda()``, ``device="cuda"``,
+the libraries' own training loops); nobody adapted it to xmem. Each runs in a child process
+under a host-memory cap (``XMEM_HOST_MEMORY``, default 8G: a small laptop), and the table
+says, per script: the exit code of the estimate (0 fits, 3 does not fit, 1 failed), the
+mode (``fake``; ``mixed``: fake, with some ops run for real; ``real``: the whole script
+re-run on real tensors), how many value guesses fake mode made, the seconds, the child's
+peak resident memory (``wait4``'s ``ru_maxrss``) and the estimated peak.
+
+    .venv-bench/bin/python benchmarks/zoo.py [--gpu A100-80GB] [--only NAME ...] [--json OUT] [--markdown]
+    .venv-bench/bin/python benchmarks/zoo.py --show benchmarks/data/zoo-2026-12-01.jsonl --markdown
+
+The scripts need the benchmark environment (``make bench-setup``: torchvision,
+transformers, peft, accelerate, timm, diffusers); a script whose import is missing is
+listed as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ZOO = Path(__file__).resolve().parent / "zoo"
+ROOT = ZOO.parent.parent
+MARK = "ZOO-RESULT "
+
+
+def run_one(path: str, gpu: str) -> dict:
+    """In the child: estimate one script; the script's own output goes to stderr."""
+    sys.path.insert(0, str(ROOT))
+    from xmem_engine.estimate import estimate_script
+
+    out = sys.stdout
+    row: dict = {"script": Path(path).name}
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            est = estimate_script(path, gpu)
+    except ModuleNotFoundError as e:
+        row.update(exit=None, error=f"skipped: {e}")
+    except BaseException as e:  # noqa: BLE001 - every failure is a row of the table
+        row.update(exit=1, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+    else:
+        meta = est.trace.meta if est.trace is not None else {}
+        mode = str(est.mode)
+        if mode == "fake" and meta.get("real_ops"):
+            mode = "mixed"
+        row.update(exit=0 if est.fits else 3, mode=mode, guesses=sum(g["count"] for g in meta.get("guesses", ())),
+                   guess_lines=len(meta.get("guesses", ())), fallback=meta.get("fallback", ""),
+                   real_ops=meta.get("real_ops", {}), peak_device_bytes=est.peak_device_bytes,
+                   capacity_bytes=est.capacity_bytes, events=est.n_events)
+    print(MARK + json.dumps(row), file=out, flush=True)
+    return row
+
+
+def run_child(path: Path, gpu: str, host_memory: str, timeout: float) -> dict:
+    """Run :func:`run_one` in a child process; add its wall time and peak RSS."""
+    env = dict(os.environ, XMEM_HOST_MEMORY=host_memory, PYTHONPATH=str(ROOT))
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        p = subprocess.Popen([sys.executable, __file__, "--one", str(path), "--gpu", gpu],
+                             stdout=out, stderr=err, env=env, cwd=str(ZOO))
+        deadline = start + timeout
+        status, usage = None, None
+        while status is None:
+            pid, st, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                status, usage = st, ru
+            elif time.perf_counter() > deadline:
+                p.kill()
+                _, status, usage = os.wait4(p.pid, 0)
+            else:
+                time.sleep(0.05)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        seconds = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        rows = [json.loads(line[len(MARK):]) for line in out.read().splitlines() if line.startswith(MARK)]
+        tail = err.read()[-2000:]
+    row = rows[-1] if rows else {"script": path.name, "exit": 1,
+                                 "error": f"child ended with {p.returncode} and no result: {tail.strip().splitlines()[-1:]}"}
+    row["seconds"] = round(seconds, 1)
+    row["peak_rss_bytes"] = usage.ru_maxrss * 1024 if usage is not None else None
+    return row
+
+
+def _gib(n: int | None) -> str:
+    return "" if n is None else f"{n / (1 << 30):.2f}"
+
+
+def table(rows: list[dict], markdown: bool) -> str:
+    head = ["script", "exit", "mode", "guesses", "seconds", "peak RSS GiB", "estimate GiB", "note"]
+    lines = []
+    for r in rows:
+        note = r.get("error") or r.get("fallback") or (", ".join(f"{k} x{v}" for k, v in r.get("real_ops", {}).items())
+                                                       if r.get("real_ops") else "")
+        lines.append([r["script"].removesuffix(".py"), "" if r.get("exit") is None else str(r["exit"]),
+                      r.get("mode", ""), str(r.get("guesses", "")), f"{r['seconds']:.1f}",
+                      _gib(r.get("peak_rss_bytes")), _gib(r.get("peak_device_bytes")), note[:90]])
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines]
+        return "\n".join(out)
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head)] + [fmt.format(*line) for line in lines])
+
+
+def summary(rows: list[dict]) -> str:
+    ran = [r for r in rows if r.get("exit") is not None]
+    estimated = [r for r in ran if r["exit"] in (0, 3)]
+    no_real = [r for r in estimated if r.get("mode") != "real"]
+    rss = max((r["peak_rss_bytes"] or 0 for r in ran), default=0)
+    return (f"{len(estimated)} of {len(ran)} scripts estimated (exit 0 or 3), {len(no_real)} without a whole-script "
+            f"real-mode run; {len(rows) - len(ran)} skipped; largest peak RSS {_gib(rss)} GiB")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpu", default="A100-80GB")
+    ap.add_argument("--host-memory", default="8G", help="XMEM_HOST_MEMORY for each script (default 8G)")
+    ap.add_argument("--only", nargs="*", help="script names (without .py) to run")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per script")
+    ap.add_argument("--json", help="write the rows as JSON lines here")
+    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    ap.add_argument("--show", metavar="FILE", help="print the table of an earlier --json file, run nothing")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        run_one(args.one, args.gpu)
+        return
+    if args.show:
+        with open(args.show) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        print(table(rows, args.markdown))
+        print()
+        print(summary(rows))
+        return
+    scripts = sorted(p for p in ZOO.glob("*.py") if not p.name.startswith("_"))
+    if args.only:
+        scripts = [p for p in scripts if p.stem in set(args.only)]
+    rows = []
+    for p in scripts:
+        row = run_child(p, args.gpu, args.host_memory, args.timeout)
+        rows.append(row)
+        print(f"{row['script']}: exit {row.get('exit')} {row.get('mode', '')} {row['seconds']:.1f} s "
+              f"{_gib(row.get('peak_rss_bytes'))} GiB RSS {row.get('error', '')}", file=sys.stderr, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    print(table(rows, args.markdown))
+    print()
+    print(summary(rows))
+
+
+if __name__ == "__main__":
+    main()
