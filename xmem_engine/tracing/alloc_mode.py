@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from xmem_engine.tracing.cuda_temporaries import RULES as CUDA_TEMPORARIES
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.fake_fastpaths import FAST_FAKE
 from xmem_engine.tracing.frames import as_torch_error, user_frame
@@ -58,6 +59,17 @@ _SCALAR = torch.ops.aten._local_scalar_dense.default
 HOST_OUTPUTS: dict[Any, frozenset[int]] = {
     torch.ops.aten._pack_padded_sequence.default: frozenset({1}),  # batch_sizes
 }
+
+
+def _composite_implicit(func: Any) -> bool:
+    """An op that is only a composition of others (CompositeImplicitAutograd)."""
+    name = getattr(func, "name", None)
+    if not callable(name) or getattr(func, "namespace", "aten") != "aten":
+        return False
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(name(), "CompositeImplicitAutograd")
+    except RuntimeError:
+        return False
 
 
 def _is_mutable(func: Any) -> bool:
@@ -113,6 +125,7 @@ class AllocMode(TorchDispatchMode):
         self.t = tracer
         self.fake_errors = _fake_exceptions() if tracer.fake else ()
         self.mutable: dict[Any, bool] = {}
+        self.composite: dict[Any, bool] = {}
         self.backward_writes = BackwardInPlace()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -123,6 +136,16 @@ class AllocMode(TorchDispatchMode):
             if dev is not None:
                 return dev
         kwargs = kwargs or {}
+        composite = self.composite.get(func)
+        if composite is None:
+            composite = self.composite[func] = _composite_implicit(func)
+        if composite:
+            # Reaches here whole only where autograd's keys are off (inference_mode): on a GPU
+            # it runs as its parts, each allocating (einsum's operand copies): run them here.
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         tr = self.t
         in_backward = tr.phase == "backward" and self.backward_writes.node_changed() is not None
         if in_backward:  # gradient sums and scatters in place, as on a GPU (grad_accumulation.py)
@@ -198,6 +221,11 @@ class AllocMode(TorchDispatchMode):
                 gpu = self._on_gpu(args, kwargs)
             if gpu:
                 tr.on_new_storage(func, t, st, key, nbytes)
+        rule = CUDA_TEMPORARIES.get(func)
+        if rule is not None and (gpu if gpu is not None else self._on_gpu(args, kwargs)):
+            steps = rule(args, kwargs)
+            if steps:
+                tr.transients(func, steps)
         if in_backward:
             self.backward_writes.made(tensors_in(out))
         if tr.op_hooks:

@@ -30,7 +30,8 @@ transcription of ``at::autocast::WrapFunction_`` (``aten/src/ATen/autocast_mode.
 excludes the autocast key, casts (``cached_cast``, with CUDA's eligibility: floating, not
 float64, on the GPU), and calls the op again. The weight cache follows ``cached_cast``: a
 lower-precision cast of a float32 leaf that requires grad and is not a view is cached while
-``torch.is_autocast_cache_enabled()``; ``torch.clear_autocast_cache`` (called when the
+``torch.is_autocast_cache_enabled()`` and not under ``inference_mode``;
+``torch.clear_autocast_cache`` (called when the
 outermost region exits) drops it, which frees the cached copies.
 
 ``virtual_cuda.patched_cuda`` enters the CUDA state *and* the CPU state for each
@@ -245,8 +246,10 @@ class CudaAutocastPolicy:
     def cached_cast(self, to: torch.dtype, t: Any, low: torch.dtype) -> Any:
         if not self._eligible(t) or t.dtype is to:
             return t
+        # Not under inference_mode (autocast_mode.cpp, pytorch/pytorch#158232, in every
+        # supported release): its casts could not serve a later training step.
         if (to is low and t.dtype is torch.float32 and t.requires_grad and t.is_leaf and not t._is_view()
-                and torch.is_autocast_cache_enabled()):
+                and torch.is_autocast_cache_enabled() and not torch.is_inference_mode_enabled()):
             hit = self.cache.get(id(t))
             if hit is not None and hit[0]() is t:
                 return hit[1]

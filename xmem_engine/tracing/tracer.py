@@ -160,6 +160,22 @@ class Tracer:
         self.events.append(event)
         return event
 
+    def transients(self, func: Any, steps: Iterable[tuple[str, str, int]]) -> None:
+        """Buffers a CUDA kernel allocates and frees inside one op (``cuda_temporaries.py``):
+        ``("alloc", slot, nbytes)`` / ``("free", slot, 0)`` steps, in the kernel's order."""
+        slots: dict[str, TraceEvent] = {}
+        source, module, op = user_frame(3), self.current_module(), op_name(func)
+        for action, slot, nbytes in steps:
+            if action == "alloc":
+                slots[slot] = self.add_event(TraceEvent(
+                    ALLOC, bytes=nbytes, stream=self.vc.current_stream.stream_id, category=Category.TEMPORARY,
+                    op=op, module=module, phase=self.phase, dtype="int64", shape=(nbytes // 8,), source=source))
+            else:
+                a = slots.pop(slot)
+                self.add_event(TraceEvent(FREE, id=a.id, bytes=a.bytes, stream=a.stream, category=a.category, op=op,
+                                          module=module, phase=self.phase, dtype=a.dtype, shape=a.shape,
+                                          iteration=self.iteration))
+
     def register_root(self, module: torch.nn.Module, label: str) -> None:
         """Name a top-level module (its own ops are labelled ``label``)."""
         self._root_labels[id(module)] = label

@@ -1,0 +1,180 @@
+"""The tracer end to end against real GPU recordings: rebuild the workload behind a recording,
+trace it on the CPU, and compare with what the GPU allocated, request by request.
+
+The recordings (``../shared/allocator-traces``) are ``torch.cuda.memory._dump_snapshot``
+files of public training code. For each one whose code was found, ``recordings/`` holds a
+script that runs the same workload as its author's code (same ops, order and shapes; the
+evidence is in ``benchmarks/README.md``). The recorded region starts at the script's
+``torch.cuda.reset_peak_memory_stats()`` (followed by ``_record_memory_history``); the
+traced events after the same call are its counterpart. Printed per recording:
+
+- allocations of 1 KiB or more matched in order (longest common subsequence of request
+  sizes), out of the real ones;
+- the first divergence: the real request with its frames, and the traced one with its op;
+- the region's peak allocated and reserved, simulated from the trace for the recording's
+  GPU class, beside the recording's own (replayed by the allocator simulator, which
+  replays these recordings exactly).
+
+    .venv-bench/bin/python benchmarks/recordings.py [--only NAME ...] [--json FILE] [--show-diff N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SHARED = ROOT.parent / "shared" / "allocator-traces"
+sys.path.insert(0, str(ROOT))
+
+MIN_BYTES = 1024
+
+
+@dataclass
+class Rebuilt:
+    """A recording and the script that rebuilds its workload."""
+
+    recording: str
+    script: str
+    overrides: dict[str, str] = field(default_factory=dict)
+    gpu: str = "A100-40GB"  # of the recording's GPU class (its cuBLAS workspace says which)
+    torch: str | None = None  # the PyTorch version the author ran, when known
+
+
+WED = "recordings/wed_memory_profile.py"
+REBUILT = [
+    Rebuilt("wed_medium_128_training.pickle", WED, {"context_length": "128"}, torch="2.11"),
+    Rebuilt("wed_medium_256_training.pickle", WED, {"context_length": "256"}, torch="2.11"),
+    Rebuilt("wed_medium_512_training.pickle", WED, {"context_length": "512", "autocast": "True"}, torch="2.11"),
+    Rebuilt("wed_medium_1024_training.pickle", WED, {"context_length": "1024", "autocast": "True"}, torch="2.11"),
+    Rebuilt("wed_medium_128_inference.pickle", WED, {"context_length": "128", "pattern": "'forward-only'"},
+            torch="2.11"),
+    Rebuilt("wed_medium_512_inference.pickle", WED,
+            {"context_length": "512", "pattern": "'forward-only'", "autocast": "True"}, torch="2.11"),
+    Rebuilt("wed_medium_1024_inference.pickle", WED, {"context_length": "1024", "pattern": "'forward-only'"},
+            torch="2.11"),
+]
+
+
+@dataclass
+class Comparison:
+    recording: str
+    real_allocs: int
+    traced_allocs: int
+    matched: int
+    matched_fraction: float
+    first_divergence: str
+    real_peak_allocated: int
+    traced_peak_allocated: int
+    real_peak_reserved: int
+    traced_peak_reserved: int
+    seconds: float
+    diffs: list[str] = field(default_factory=list)
+
+    @property
+    def peak_error(self) -> float:
+        return (self.traced_peak_allocated - self.real_peak_allocated) / self.real_peak_allocated
+
+
+def _frames(e: dict, top: int = 3) -> str:
+    """The recorded event's innermost frames outside torch (the workload's own lines)."""
+    out = []
+    for f in e.get("frames") or []:
+        name = f.get("filename", "")
+        if "/torch/" in name or name.startswith("??") or not name:
+            continue
+        out.append(f"{Path(name).name}:{f.get('line')} {f.get('name', '')}")
+        if len(out) == top:
+            break
+    return " < ".join(out) or "(no Python frames)"
+
+
+def _region(events: list) -> list:
+    """The traced events after the last ``reset_peak_memory_stats()``."""
+    start = 0
+    for i, e in enumerate(events):
+        if e.kind == "reset_peak":
+            start = i + 1
+    return events[start:]
+
+
+def compare(rb: Rebuilt, show_diff: int = 0) -> Comparison:
+    from xmem_engine.estimate import estimate_trace
+    from xmem_engine.simulation.replay import replay_snapshot
+    from xmem_engine.simulation.snapshot import load_snapshot
+    from xmem_engine.tracing.script import trace_script
+
+    snap = load_snapshot(SHARED / rb.recording)
+    real_events = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
+    replayed = replay_snapshot(snap)
+
+    t0 = time.perf_counter()
+    tr = trace_script(str(HERE / rb.script), overrides=rb.overrides)
+    seconds = time.perf_counter() - t0
+    est = estimate_trace(tr, rb.gpu, torch_version=rb.torch)
+    traced = [e for e in _region(est.simulated_events) if e.kind == "alloc"]
+
+    real_big = [e for e in real_events if e["size"] >= MIN_BYTES]
+    ours_big = [e for e in traced if e.bytes >= MIN_BYTES]
+    a, b = [e["size"] for e in real_big], [e.bytes for e in ours_big]
+    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    matched = sum(bl.size for bl in sm.get_matching_blocks())
+    first, diffs = "", []
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            continue
+        real_part = "; ".join(f"{a[i]:,} B at {_frames(real_big[i])}" for i in range(i1, min(i2, i1 + 3)))
+        ours_part = "; ".join(f"{b[j]:,} B {ours_big[j].op} at {ours_big[j].source}" for j in range(j1, min(j2, j1 + 3)))
+        line = (f"{tag} real[{i1}:{i2}] ({i2 - i1}) vs traced[{j1}:{j2}] ({j2 - j1}): real {real_part or '-'} | "
+                f"traced {ours_part or '-'}")
+        if not first:
+            first = line
+        if len(diffs) < show_diff:
+            diffs.append(line)
+    return Comparison(rb.recording, len(real_big), len(ours_big), matched, matched / max(len(real_big), 1), first,
+                      replayed.peak_allocated_bytes, est.peak_allocated_bytes, replayed.peak_reserved_bytes,
+                      est.peak_reserved_bytes, seconds, diffs)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", help="recording names (or a part of them)")
+    ap.add_argument("--json", help="write the comparisons as JSON lines here")
+    ap.add_argument("--show-diff", type=int, default=0, metavar="N", help="print the first N differences of each")
+    args = ap.parse_args()
+    if not SHARED.is_dir():
+        print(f"no recordings at {SHARED}", file=sys.stderr)
+        return 2
+    todo = [rb for rb in REBUILT if not args.only or any(o in rb.recording for o in args.only)]
+    rows = []
+    for rb in todo:
+        c = compare(rb, args.show_diff)
+        rows.append(c)
+        print(f"{c.recording}: {c.matched:,} of {c.real_allocs:,} real allocations >= 1 KiB matched in order "
+              f"({100 * c.matched_fraction:.2f}%; traced {c.traced_allocs:,}); peak allocated "
+              f"{_mib(c.traced_peak_allocated)} MiB vs {_mib(c.real_peak_allocated)} MiB "
+              f"({100 * c.peak_error:+.3f}%), reserved {_mib(c.traced_peak_reserved)} vs "
+              f"{_mib(c.real_peak_reserved)} MiB; traced in {c.seconds:.1f} s", flush=True)
+        if c.first_divergence:
+            print(f"  first divergence: {c.first_divergence}")
+        for d in c.diffs[1:]:
+            print(f"  {d}")
+    if args.json:
+        with open(args.json, "w") as f:
+            for c in rows:
+                f.write(json.dumps(asdict(c)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

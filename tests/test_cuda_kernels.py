@@ -1,0 +1,80 @@
+"""What CUDA runs differently from the CPU kernels the tracer executes: buffers kernels make
+for themselves (cuda_temporaries.py), composite ops run as their parts under
+inference_mode, and autocast's weight cache, which inference_mode turns off."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_shadow_values import alloc_stream
+from xmem_engine.tracing import trace
+
+INDEX_PUT = """
+import torch
+table = torch.zeros(1000, 64, device="cuda")
+idx = torch.randint(0, 1000, (4, 128), device="cuda")
+vals = torch.randn(4, 128, 64, device="cuda")
+table.index_put_((idx,), vals, accumulate=ACCUMULATE)
+"""
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_index_put_with_accumulate_makes_the_sort_kernels_buffers(mode):
+    tr = trace(INDEX_PUT.replace("ACCUMULATE", "True"), {}, mode=mode)
+    temps = [(e.kind, e.bytes) for e in tr.events if e.op == "aten.index_put_.default" and e.kind in ("alloc", "free")]
+    n = 4 * 128 * 8  # int64 per index
+    assert temps == [("alloc", n), ("alloc", n), ("free", n),           # remainder, then the linear index
+                     ("alloc", n), ("alloc", n), ("alloc", n),          # sorted_indices, orig_indices, range
+                     ("free", n), ("free", n), ("free", n), ("free", n)]
+    plain = trace(INDEX_PUT.replace("ACCUMULATE", "False"), {}, mode=mode)
+    assert not [e for e in plain.events if e.op == "aten.index_put_.default"]
+
+
+def test_an_indexing_backward_makes_them_too():
+    src = """
+import torch
+weight = torch.nn.Parameter(torch.randn(1000, 64, device="cuda"))
+ids = torch.randint(0, 1000, (2, 32), device="cuda")
+weight[ids, :].sum().backward()
+"""
+    fake, real = trace(src, {}, mode="fake"), trace(src, {}, mode="real")
+    assert sum(1 for e in fake.events if e.kind == "alloc" and e.bytes == 2 * 32 * 8) >= 5
+    assert alloc_stream(fake) == alloc_stream(real)
+
+
+EINSUM = """
+import torch
+x = torch.randn(4, 64, 16 * 8, device="cuda")
+w = torch.randn(4, 16, 64, 64, device="cuda")
+v = x.view(4, 64, 16, 8).transpose(1, 2)            # a permuted view: einsum copies it for bmm
+with CONTEXT:
+    out = torch.einsum("...qk,...kd->...qd", w, v)
+"""
+
+
+@pytest.mark.parametrize("context", ["torch.no_grad()", "torch.inference_mode()"])
+def test_composite_ops_allocate_their_parts_under_inference_mode_too(context):
+    fake = trace(EINSUM.replace("CONTEXT", context), {}, mode="fake")
+    real = trace(EINSUM.replace("CONTEXT", context), {}, mode="real")
+    copies = [e for e in fake.events if e.kind == "alloc" and e.op == "aten.clone.default"]
+    assert [e.bytes for e in copies] == [4 * 16 * 64 * 8 * 4]
+    assert alloc_stream(fake) == alloc_stream(real)
+
+
+def test_autocast_keeps_no_weight_casts_under_inference_mode():
+    src = """
+import torch
+layers = [torch.nn.Linear(256, 256).cuda() for _ in range(4)]
+x = torch.randn(8, 256, device="cuda")
+with CONTEXT, torch.autocast("cuda", dtype=torch.bfloat16):
+    for layer in layers:
+        x = layer(x)
+    during = torch.cuda.memory_allocated()
+"""
+    weights = 4 * (256 * 256 + 256) * 4 + 8 * 256 * 4
+    cached, plain = {}, {}
+    trace(src.replace("CONTEXT", "torch.no_grad()"), cached, mode="fake")
+    trace(src.replace("CONTEXT", "torch.inference_mode()"), plain, mode="fake")
+    bf16_weights = 4 * 256 * 256 * 2
+    assert cached["during"] - plain["during"] >= bf16_weights  # cached under no_grad only
+    assert plain["during"] < weights + bf16_weights // 2
