@@ -9,12 +9,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 TRACES = SHARED / "allocator-traces"
+# Recorded with expandable_segments:True; kept in a folder of its own by the recordings' owners.
+EXPANDABLE_TRACES = SHARED / "allocator-traces-expandable"
 
 
 def recorded_traces() -> list[Path]:
-    if not TRACES.is_dir():
-        return []
-    return sorted(p for p in TRACES.iterdir() if p.suffix in (".pickle", ".pkl"))
+    """Every real recording the simulator must replay exactly: the 29 with default settings
+    and the one with expandable segments."""
+    found = []
+    for folder in (TRACES, EXPANDABLE_TRACES):
+        if folder.is_dir():
+            found += sorted(p for p in folder.iterdir() if p.suffix in (".pickle", ".pkl"))
+    return found
 
 
 needs_shared_traces = pytest.mark.skipif(not recorded_traces(), reason="../shared/allocator-traces not present")

@@ -13,10 +13,19 @@ from xmem_engine.simulation.snapshot import load_snapshot, loads_snapshot, make_
 MiB = 1 << 20
 
 
+def _devices() -> list[tuple]:
+    """(recording, device) for every device each recording has."""
+    out = []
+    for path in recorded_traces():
+        snap = load_snapshot(path)
+        out += [(path, d) for d, events in enumerate(snap["device_traces"]) if events]
+    return out
+
+
 @needs_shared_traces
-@pytest.mark.parametrize("path", recorded_traces(), ids=lambda p: p.name)
-def test_real_gpu_trace_replays_exactly(path):
-    report = replay_snapshot(load_snapshot(path))
+@pytest.mark.parametrize("path, device", _devices(), ids=lambda x: getattr(x, "name", str(x)))
+def test_real_gpu_trace_replays_exactly(path, device):
+    report = replay_snapshot(load_snapshot(path), device=device)
     assert report.allocs > 0
     assert report.address_matches == report.allocs, report.first_mismatch
     assert report.segment_matches == report.segment_allocs, report.first_mismatch
@@ -27,8 +36,9 @@ def test_real_gpu_trace_replays_exactly(path):
 
 
 @needs_shared_traces
-def test_all_29_traces_are_there():
-    assert len(recorded_traces()) == 29
+def test_all_30_recordings_are_there():
+    # 29 with default settings, 1 with expandable segments (3 devices): 32 replays in all
+    assert len(recorded_traces()) == 30 and len(_devices()) == 32
 
 
 def _record(program, conf: str = "") -> dict:

@@ -214,7 +214,11 @@ def _add_replay(sub) -> None:
     )
     p.add_argument("snapshot", help="a .pickle written by torch.cuda.memory._dump_snapshot()")
     p.add_argument("--check", action="store_true",
-                   help="compare block addresses, cudaMalloc calls and the final layout; exit 3 on any mismatch")
+                   help="compare block addresses, cudaMalloc calls / page maps, out-of-memory errors and the final "
+                   "layout; exit 3 on any mismatch")
+    p.add_argument("--device", default="0", type=_device_arg, metavar="N|all",
+                   help="the device whose trace to replay (default 0), or all: one report per device under "
+                   "\"devices\"")
     p.add_argument("--alloc-conf", metavar="STR",
                    help='PYTORCH_CUDA_ALLOC_CONF to re-simulate with, e.g. "expandable_segments:True"')
     p.add_argument("--snapshot-out", metavar="FILE", help="write the simulated run as a snapshot pickle")
@@ -222,9 +226,22 @@ def _add_replay(sub) -> None:
     p.set_defaults(func=_cmd_replay)
 
 
+def _device_arg(text: str) -> str | int:
+    """``--device``: a device index or ``all``."""
+    if text.strip().lower() == "all":
+        return "all"
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a device index (0, 1, ...) or all, got {text!r}")
+    return n
+
+
 def _cmd_replay(args) -> int:
     from xmem_engine.simulation.alloc_conf import AllocConfError
-    from xmem_engine.simulation.replay import replay_snapshot
+    from xmem_engine.simulation.replay import recorded_devices, replay_snapshot
     from xmem_engine.simulation.snapshot import SnapshotFormatError, UnsafeSnapshotError, load_snapshot
 
     cfg = _alloc_conf(args.alloc_conf)
@@ -233,31 +250,58 @@ def _cmd_replay(args) -> int:
         snap = load_snapshot(args.snapshot)
     except (FileNotFoundError, SnapshotFormatError, UnsafeSnapshotError) as e:
         raise InputError(str(e)) from None
+    present = recorded_devices(snap)
+    if args.device == "all":
+        devices = present or [0]
+    else:
+        if args.device != 0 and args.device not in present:
+            raise InputError(f"{args.snapshot}: no events or segments for device {args.device} "
+                             f"(it has device{'s' if len(present) != 1 else ''} "
+                             f"{', '.join(map(str, present)) or 'none'})")
+        devices = [args.device]
+    reports = []
     try:
-        recorded = replay_snapshot(snap, check=args.check or cfg is None)
-        other = replay_snapshot(snap, config=cfg, check=False) if cfg is not None else None
+        for device in devices:
+            recorded = replay_snapshot(snap, device=device, check=args.check or cfg is None)
+            other = replay_snapshot(snap, config=cfg, device=device, check=False) if cfg is not None else None
+            out = recorded.to_json()
+            if other is not None:
+                out["what_if"] = {
+                    "alloc_conf": cfg.source,
+                    "peak_allocated_bytes": other.peak_allocated_bytes,
+                    "peak_reserved_bytes": other.peak_reserved_bytes,
+                    "reserved_saved_bytes": recorded.peak_reserved_bytes - other.peak_reserved_bytes,
+                }
+            reports.append((recorded, out))
+        if args.snapshot_out:
+            from xmem_engine.simulation.snapshot import dump_snapshot
+
+            dump_snapshot(_simulated_devices(snap, cfg, devices), args.snapshot_out)
     except AllocConfError as e:
         raise InputError(f"{args.snapshot}: its allocator_settings: {e}") from None
     except (ValueError, RuntimeError) as e:  # well-formed fields whose requests cannot happen
         raise InputError(f"{args.snapshot}: its requests cannot be replayed: {e}") from None
-    out = recorded.to_json()
-    out["snapshot"] = args.snapshot
-    if other is not None:
-        out["what_if"] = {
-            "alloc_conf": cfg.source,
-            "peak_allocated_bytes": other.peak_allocated_bytes,
-            "peak_reserved_bytes": other.peak_reserved_bytes,
-            "reserved_saved_bytes": recorded.peak_reserved_bytes - other.peak_reserved_bytes,
-        }
-    if args.snapshot_out:
-        from xmem_engine.simulation.replay import simulated_snapshot
-        from xmem_engine.simulation.snapshot import dump_snapshot
-
-        dump_snapshot(simulated_snapshot(snap, cfg), args.snapshot_out)
-    _print_json(out)
-    if args.check and not recorded.ok:
+    if args.device == "all":
+        _print_json({"snapshot": args.snapshot, "devices": [out for _, out in reports],
+                     "ok": all(r.ok for r, _ in reports)})
+    else:
+        _print_json({**reports[0][1], "snapshot": args.snapshot})
+    if args.check and not all(r.ok for r, _ in reports):
         return EXIT_MISMATCH
     return EXIT_OK
+
+
+def _simulated_devices(snap: dict, cfg, devices: list[int]) -> dict:
+    """The replayed devices' runs as one snapshot, each under its own device index."""
+    from xmem_engine.simulation.replay import simulated_snapshot
+
+    out: dict = {"segments": [], "device_traces": [[] for _ in range(max(devices) + 1)]}
+    for device in devices:
+        sim = simulated_snapshot(snap, cfg, device)
+        out["segments"] += [{**seg, "device": device} for seg in sim["segments"]]
+        out["device_traces"][device] = sim["device_traces"][0]
+        out["allocator_settings"] = sim["allocator_settings"]
+    return out
 
 
 # --------------------------------------------------------------------------- simulate

@@ -175,7 +175,7 @@ class BlockPool:
         return len(self.blocks)
 
 
-@dataclass
+@dataclass(eq=False)
 class ExpandableSegment:
     """One growing virtual range per (stream, pool) whose pages are mapped on demand."""
 
@@ -187,6 +187,7 @@ class ExpandableSegment:
     mapped_pages: set[int]
     unmapped_blocks: dict[int, Block]  # addr -> unmapped block
     head: Block | None = None  # the block at base; next links reach every block
+    placeholder: bool = False  # base not known yet (device_reserve gave none): asked again at the first map
 
 
 @dataclass
@@ -220,8 +221,12 @@ class _VirtualAddressSpace:
         self.freed.setdefault(size, []).append(addr)
 
     def reserve(self, size: int) -> int:
-        """Address range for an expandable segment (never reused)."""
+        """Address range for an expandable segment (``cuMemAddressReserve``)."""
         return self.malloc(size)
+
+    def release(self, addr: int, size: int) -> None:
+        """An expandable segment's address range is given back (``cuMemAddressFree``)."""
+        self.free(addr, size)
 
 
 class CachingAllocator:
@@ -231,6 +236,12 @@ class CachingAllocator:
     device's total memory, the base of ``set_per_process_memory_fraction`` (defaults to
     capacity). ``device_malloc(size) -> addr | None`` / ``device_free(addr, size)`` replace
     the virtual address space (used by replays); returning None means out of memory.
+    Expandable segments have their own three: ``device_reserve(size, stream, is_small) -> addr``
+    reserves the address range of a new segment of that stream and pool (``cuMemAddressReserve``;
+    None: not known yet, asked again when the segment maps its first page), ``device_map(addr, size) -> bool``
+    obtains physical pages for a range (``cuMemCreate`` + ``cuMemMap``; False: out of
+    memory, after ``capacity`` is checked) and ``device_unmap(addr, size)`` is told of pages
+    given back; a replay uses them to follow a recording.
     ``history``: a list that receives snapshot-style trace entries (dicts), or None.
     """
 
@@ -238,6 +249,7 @@ class CachingAllocator:
     # is not); __dict__ still takes any attribute someone else hangs on an allocator.
     __slots__ = (
         "config", "capacity", "device_total", "_vas", "_device_malloc", "_device_free", "_history",
+        "_device_reserve", "_device_release", "_device_map", "_device_unmap",
         "small_blocks", "large_blocks", "_pool_stats", "segments", "expandable_segments",
         "pending_frees", "total_allocated_memory", "set_fraction", "allowed_memory_maximum",
         "all_peak", "cur", "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
@@ -253,6 +265,9 @@ class CachingAllocator:
         device_malloc: Callable[[int], int | None] | None = None,
         device_free: Callable[[int, int], None] | None = None,
         history: list | None = None,
+        device_reserve: Callable[[int, int, bool], int] | None = None,
+        device_map: Callable[[int, int], bool] | None = None,
+        device_unmap: Callable[[int, int], None] | None = None,
     ):
         self.config = config or AllocatorConfig()
         if self.config.backend != "native":
@@ -262,6 +277,11 @@ class CachingAllocator:
         self._vas = _VirtualAddressSpace()
         self._device_malloc = device_malloc or self._vas.malloc
         self._device_free = device_free or self._vas.free
+        self._device_reserve = device_reserve or (lambda size, stream, is_small: self._vas.reserve(size))
+        # (an address range reserved through device_reserve is the caller's to reuse)
+        self._device_release = self._vas.release if device_reserve is None else None
+        self._device_map = device_map
+        self._device_unmap = device_unmap
         self._history = history
         self.small_blocks = BlockPool(is_small=True)
         self.large_blocks = BlockPool(is_small=False)
@@ -574,15 +594,23 @@ class CachingAllocator:
     def get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         if self.set_fraction and self.config.garbage_collection_threshold > 0.0:
             pool.get_free_blocks_call_count += 1
+        i = self._best_fit(pool, size, stream)
+        if i < 0:
+            return None
+        sl = pool.free[stream]
+        key = sl.pop(i)
+        return pool.blocks.pop(key)
+
+    def _best_fit(self, pool: BlockPool, size: int, stream: int) -> int:
+        """get_free_block's choice, without taking it: its index in the stream's free list, or -1."""
         sl = pool.free.get(stream)
         if not sl:
-            return None
+            return -1
         i = bisect_left(sl, size << _ADDR_BITS)
         n = len(sl)
         if i == n:
-            return None
-        key = sl[i]
-        block = pool.blocks[key]
+            return -1
+        block = pool.blocks[sl[i]]
         if block.expandable is not None:
             if self._expandable:
                 # Best fit counts a block with the unmapped space that follows it.
@@ -596,23 +624,25 @@ class CachingAllocator:
                         break
                     i += 1
                     block = nb
-                key = sl[i]
             else:
                 i += 1
                 while i < n and pool.blocks[sl[i]].expandable is not None:
                     i += 1
                 if i == n:
-                    return None
-                key = sl[i]
-                block = pool.blocks[key]
+                    return -1
+                block = pool.blocks[sl[i]]
         max_split = self._max_split
         if size < max_split and block.size >= max_split:
-            return None  # do not hand an oversize block to a small request
+            return -1  # do not hand an oversize block to a small request
         if size >= max_split and block.size >= size + self.config.max_non_split_rounding_size:
-            return None  # nor a much larger oversize block to a large one
-        del sl[i]
-        del pool.blocks[key]
-        return block
+            return -1  # nor a much larger oversize block to a large one
+        return i
+
+    def can_reuse(self, orig_size: int, stream: int = 0) -> bool:
+        """Whether a malloc of ``orig_size`` would be served from the cache (no new memory)."""
+        size = self.round_size(orig_size)
+        pool = self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
+        return self._best_fit(pool, size, stream) >= 0
 
     def should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
@@ -655,11 +685,15 @@ class CachingAllocator:
 
     def _raise_oom(self, orig_size: int, alloc_size: int, stream: int) -> None:
         self.num_ooms += 1
-        if self._history is not None:
-            self._record("oom", 0, alloc_size, stream)
         allocated = self.memory_allocated()
         reserved = self.memory_reserved()
         limit = self.allowed_memory_maximum if self.set_fraction else self.capacity
+        if self._history is not None:
+            # As PyTorch traces it: the rounded request (params.size()) and the device's free
+            # memory (cudaMemGetInfo) where an address would be.
+            free = max(0, self.capacity - reserved) if self.capacity is not None else 0
+            self._history.append({"action": "oom", "device_free": free, "size": self.round_size(orig_size),
+                                  "stream": stream})
         cap = "unlimited" if limit is None else _fmt(limit)
         raise OutOfMemoryError(
             f"CUDA out of memory (simulated). Tried to allocate {_fmt(self.round_size(orig_size))}. "
@@ -894,6 +928,8 @@ class CachingAllocator:
                     self.release_block(block)
             for block in to_unmap:
                 self.unmap_block(block)
+                if block.prev is None and block.next is None and not block.mapped:
+                    self.release_expandable_segment(block)
         return True
 
     def empty_cache(self) -> None:
@@ -961,10 +997,81 @@ class CachingAllocator:
             if has_room(c):
                 return c
         page = K_SMALL_BUFFER if pool.is_small else K_LARGE_BUFFER
+        vsize = self.expandable_segment_size(page)
+        base = self._device_reserve(vsize, stream, pool.is_small)
+        placeholder = base is None
+        if placeholder:
+            base = self._vas.reserve(vsize)
+        else:
+            vsize = self._room_below_next(base, vsize, page)
+        if base + vsize - 1 > _ADDR_MASK:
+            raise ValueError(f"device address 0x{base:x} does not fit in {_ADDR_BITS} bits")
+        c = self._new_expandable_segment(base, vsize, page, stream, pool)
+        c.expandable.placeholder = placeholder  # type: ignore[union-attr]
+        return c
+
+    def _place_expandable_segment(self, es: ExpandableSegment) -> None:
+        """A segment reserved without an address (no page of it mapped yet): ask again, and
+        move it there if one comes."""
+        self.expandable_segments.remove(es)  # (not one of the segments it must avoid)
+        try:
+            base = self._device_reserve(es.virtual_size, es.stream, es.pool.is_small)
+        finally:
+            self.expandable_segments.append(es)
+        if base is None:
+            return
+        if base + es.virtual_size - 1 > _ADDR_MASK:
+            raise ValueError(f"device address 0x{base:x} does not fit in {_ADDR_BITS} bits")
+        b = es.head
+        assert b is not None and b.next is None and not es.mapped_pages
+        self._unmapped_erase(b)
+        if self._device_release is not None:
+            self._device_release(es.base, es.virtual_size)
+        es.base = b.addr = base
+        es.virtual_size = b.size = self._room_below_next(base, es.virtual_size, es.page_size)
+        es.placeholder = False
+        self._unmapped_insert(b)
+
+    def _room_below_next(self, base: int, vsize: int, page: int) -> int:
+        """``vsize``, cut to the whole pages below the next segment's base: address ranges
+        reserved at a given address (a replay's) never overlap (a placeholder's is no real one)."""
+        for es in self.expandable_segments:
+            if base < es.base < base + vsize and not es.placeholder:
+                vsize = (es.base - base) // page * page
+        return max(vsize, page)
+
+    def unmapped_from(self, es: ExpandableSegment, addr: int) -> bool:
+        """Whether nothing of ``es`` from ``addr`` on is mapped (its last block, unmapped, holds it)."""
+        b = es.head
+        while b is not None and b.next is not None:
+            b = b.next
+        return b is not None and not b.mapped and b.addr <= addr
+
+    def trim_expandable_segment(self, es: ExpandableSegment, size: int) -> None:
+        """Shorten ``es``'s address space to ``size`` bytes (whole pages; nothing mapped beyond)."""
+        size = size // es.page_size * es.page_size
+        end = es.base + size
+        assert size > 0 and self.unmapped_from(es, end)
+        tail = es.head
+        while tail is not None and tail.next is not None:
+            tail = tail.next
+        assert tail is not None
+        if tail.addr == end:
+            self._unmapped_erase(tail)
+            if tail.prev is not None:
+                tail.prev.next = None
+        else:
+            tail.size = end - tail.addr
+        es.virtual_size = size
+
+    def expandable_segment_size(self, page: int) -> int:
+        """Address space of a new expandable segment: 1 1/8 of the device's total memory in whole
+        pages (``ExpandableSegment``'s ``max_handles_``; 1 TiB when the total is unknown)."""
         total = self.device_total if self.device_total is not None else (1 << 40)
-        pages = (total + total // 8 + page - 1) // page
-        vsize = pages * page
-        base = self._vas.reserve(vsize)
+        return (total + total // 8 + page - 1) // page * page
+
+    def _new_expandable_segment(self, base: int, vsize: int, page: int, stream: int,
+                                pool: BlockPool) -> Block:
         es = ExpandableSegment(base, vsize, page, stream, pool, set(), {})
         self.expandable_segments.append(es)
         c = Block(base, vsize, stream, pool)
@@ -983,14 +1090,20 @@ class CachingAllocator:
     def _map_block(self, b: Block, size: int) -> bool:
         es = b.expandable
         assert es is not None and not b.mapped and size <= b.size
+        if es.placeholder and not es.mapped_pages:
+            self._place_expandable_segment(es)
         first = (b.addr - es.base) // es.page_size
         last = (b.addr + size - es.base + es.page_size - 1) // es.page_size
         new_pages = [p for p in range(first, last) if p not in es.mapped_pages]
-        nbytes = len(new_pages) * es.page_size
-        if self.capacity is not None and self.total_allocated_memory + nbytes > self.capacity:
+        assert len(new_pages) == last - first, "mapping a page that is mapped already"
+        mapped_size = (last - first) * es.page_size
+        if self.capacity is not None and self.total_allocated_memory + mapped_size > self.capacity:
+            return False
+        if self._device_map is not None and not self._device_map(b.addr, mapped_size):
             return False
         es.mapped_pages.update(new_pages)
-        mapped_size = (last - first) * es.page_size
+        es.placeholder = False  # (its address is the one mapped now)
+        mapped_addr = b.addr  # (the trace names the range mapped, before b merges with its neighbours)
         pool = b.pool
         self._unmapped_erase(b)
         b.mapped = True
@@ -1013,7 +1126,7 @@ class CachingAllocator:
         self._increase("reserved_bytes", pool, mapped_size)
         self.num_device_alloc += 1
         if self._history is not None:
-            self._record("segment_map", b.addr, mapped_size, b.stream)
+            self._record("segment_map", mapped_addr, mapped_size, b.stream)
         return True
 
     def try_allocate_expandable_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
@@ -1077,6 +1190,19 @@ class CachingAllocator:
         self.num_device_free += 1
         if self._history is not None:
             self._record("segment_unmap", start, nbytes, block.stream)
+        if self._device_unmap is not None:
+            self._device_unmap(start, nbytes)
+
+    def release_expandable_segment(self, block: Block) -> None:
+        """Give back the address range of an expandable segment none of whose pages is mapped
+        (``block`` spans all of it)."""
+        es = block.expandable
+        assert es is not None and not block.mapped and block.size == es.virtual_size
+        self.expandable_segments.remove(es)
+        self._unmapped_erase(block)
+        es.head = None
+        if self._device_release is not None:
+            self._device_release(es.base, es.virtual_size)
 
     # ------------------------------------------------------------------ state
     def add_segment(self, addr: int, size: int, stream: int, is_small: bool,
@@ -1122,6 +1248,68 @@ class CachingAllocator:
                     self._increase("inactive_split_bytes", pool, bsize)
         return out
 
+    def add_expandable_segment(self, base: int, virtual_size: int, stream: int, is_small: bool,
+                               ranges: list[tuple[int, int, list[tuple[int, int, bool, int]]]]) -> list[Block]:
+        """Install an existing expandable segment (to rebuild a recorded starting state).
+
+        ``ranges``: its mapped ranges as (addr, size, blocks), ``blocks`` as for
+        :meth:`add_segment`; the rest of ``[base, base + virtual_size)`` is unmapped. Returns
+        the Block objects of the mapped ranges.
+        """
+        pool = self.small_blocks if is_small else self.large_blocks
+        page = K_SMALL_BUFFER if is_small else K_LARGE_BUFFER
+        if virtual_size <= 0 or virtual_size % page or base + virtual_size - 1 > _ADDR_MASK:
+            raise ValueError(f"expandable segment 0x{base:x} of {virtual_size} bytes: not whole {page}-byte pages")
+        es = ExpandableSegment(base, virtual_size, page, stream, pool, set(), {})
+        chain: list[Block] = []
+        out: list[Block] = []
+        cursor = base
+        for addr, size, blocks in sorted(ranges, key=lambda r: r[0]):
+            if addr < cursor or (addr - base) % page or size <= 0 or size % page \
+                    or addr + size > base + virtual_size:
+                raise ValueError(f"mapped range 0x{addr:x} of {size} bytes does not fit expandable segment "
+                                 f"0x{base:x} in whole {page}-byte pages")
+            if sum(b[1] for b in blocks) != size or not blocks or blocks[0][0] != addr:
+                raise ValueError(f"blocks do not tile mapped range 0x{addr:x} of {size} bytes")
+            if addr > cursor:
+                gap = Block(cursor, addr - cursor, stream, pool)
+                gap.mapped = False
+                chain.append(gap)
+            for baddr, bsize, allocated, requested in blocks:
+                b = Block(baddr, bsize, stream, pool)
+                b.allocated = allocated
+                b.requested = requested if allocated else 0
+                chain.append(b)
+                out.append(b)
+            es.mapped_pages.update(range((addr - base) // page, (addr + size - base) // page))
+            self.total_allocated_memory += size
+            self._increase("reserved_bytes", pool, size)
+            cursor = addr + size
+        if cursor < base + virtual_size:
+            tail = Block(cursor, base + virtual_size - cursor, stream, pool)
+            tail.mapped = False
+            chain.append(tail)
+        self.expandable_segments.append(es)
+        es.head = chain[0]
+        prev: Block | None = None
+        for b in chain:
+            b.expandable = es
+            b.prev = prev
+            if prev is not None:
+                prev.next = b
+            prev = b
+            if not b.mapped:
+                self._unmapped_insert(b)
+            elif b.allocated:
+                for name, amount in (("allocation", 1), ("allocated_bytes", b.size), ("active", 1),
+                                     ("active_bytes", b.size), ("requested_bytes", b.requested)):
+                    self._increase(name, pool, amount)
+                if b.size >= self._max_split:
+                    self._bump(self.oversize_allocations, 1)
+            else:
+                pool.insert(b)
+        return out
+
     def iter_segments(self) -> Iterator[tuple[int, int, int, bool, bool, list[Block]]]:
         """(addr, total_size, stream, is_small, is_expandable, blocks) for every segment.
 
@@ -1129,22 +1317,18 @@ class CachingAllocator:
         as PyTorch's snapshot does. (C++ finds allocated blocks through an ``active_blocks``
         set; here every segment knows its first block, so malloc and free keep no set.)
         """
-        for a in sorted(self.segments):
-            s = self.segments[a]
-            yield a, s.size, s.stream, s.is_small, False, _chain(s.head)
-        runs: list[list[Block]] = []
+        out = [(a, s.size, s.stream, s.is_small, False, _chain(s.head)) for a, s in self.segments.items()]
         for es in self.expandable_segments:
             run: list[Block] = []
             for b in _chain(es.head) + [None]:  # type: ignore[list-item]
                 if b is not None and b.mapped:
                     run.append(b)
                 elif run:
-                    runs.append(run)
+                    out.append((run[0].addr, sum(x.size for x in run), es.stream, es.pool.is_small, True, run))
                     run = []
-        runs.sort(key=lambda r: r[0].addr)
-        for run in runs:
-            es = run[0].expandable
-            yield run[0].addr, sum(x.size for x in run), es.stream, es.pool.is_small, True, run  # type: ignore[union-attr]
+        # in address order, both kinds together (as the snapshot sorts them)
+        out.sort(key=lambda seg: seg[0])
+        yield from out
 
     def _set_head(self, b: Block) -> None:
         """``b`` now starts its segment (it was split off the front, or absorbed the front)."""
