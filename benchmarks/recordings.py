@@ -61,6 +61,34 @@ REBUILT = [
             torch="2.11"),
 ]
 
+KK = "recordings/kk/kk_benchmark.py"  # H100 SXM, torch 2.6.0 (recordings/kk/README.md)
+
+
+def _kk(recording: str, **overrides: str) -> Rebuilt:
+    return Rebuilt(recording, KK, overrides, gpu="H100-SXM-80GB", torch="2.6")
+
+
+REBUILT += [
+    _kk("kk_memory_files_memory_ctx128_forward.pickle", pattern="'forward'", context_length="128", loop="False",
+        empty_cache="False"),
+    _kk("kk_memory_files_memory_ctx128_forward_mixed.pickle", pattern="'forward'", context_length="128",
+        mixed_precision="True"),
+    _kk("kk_memory_files_memory_ctx128_fullstep.pickle", pattern="'fullstep'", context_length="128", loop="False",
+        empty_cache="False"),
+    _kk("kk_memory_files_memory_ctx128_fullstep_.pickle", pattern="'fullstep'", context_length="128"),
+    _kk("kk_memory_files_memory_ctx256_forward_.pickle", pattern="'forward'", context_length="256"),
+    _kk("kk_memory_files_memory_ctx256_forward_mixed.pickle", pattern="'forward'", context_length="256",
+        mixed_precision="True"),
+    _kk("kk_memory_files_memory_ctx256_fullstep_.pickle", pattern="'fullstep'", context_length="256"),
+    _kk("kk_memory_files_memory_ctx512_forward_.pickle", pattern="'forward'", context_length="512"),
+    _kk("kk_memory_files_memory_ctx512_forward_mixed.pickle", pattern="'forward'", context_length="512",
+        mixed_precision="True"),
+    _kk("kk_memory_files_memory_ctx512_fullstep_.pickle", pattern="'fullstep'", context_length="512"),
+    # torch.compile'd inside the recording (Dynamo, Inductor, autotuning): the tracer runs it eagerly
+    _kk("kk_cs336_systems_memory_logs_memory_ctx128_forward.pickle", harness="'memory_logs'", pattern="'forward'",
+        context_length="128"),
+]
+
 
 @dataclass
 class Comparison:

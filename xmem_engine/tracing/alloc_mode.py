@@ -223,7 +223,7 @@ class AllocMode(TorchDispatchMode):
                 tr.on_new_storage(func, t, st, key, nbytes)
         rule = CUDA_TEMPORARIES.get(func)
         if rule is not None and (gpu if gpu is not None else self._on_gpu(args, kwargs)):
-            steps = rule(args, kwargs)
+            steps = rule(args, kwargs, tr.cuda_device)
             if steps:
                 tr.transients(func, steps)
         if in_backward:

@@ -160,6 +160,16 @@ class Tracer:
         self.events.append(event)
         return event
 
+    @property
+    def cuda_device(self) -> Any:
+        """The target GPU as ``cuda_temporaries`` rules see it (SMs, threads per SM)."""
+        dev = self.__dict__.get("_cuda_device")
+        if dev is None:
+            from xmem_engine.tracing.cuda_temporaries import device_of
+
+            dev = self._cuda_device = device_of(self.vc.props)
+        return dev
+
     def transients(self, func: Any, steps: Iterable[tuple[str, str, int]]) -> None:
         """Buffers a CUDA kernel allocates and frees inside one op (``cuda_temporaries.py``):
         ``("alloc", slot, nbytes)`` / ``("free", slot, 0)`` steps, in the kernel's order."""
@@ -169,7 +179,7 @@ class Tracer:
             if action == "alloc":
                 slots[slot] = self.add_event(TraceEvent(
                     ALLOC, bytes=nbytes, stream=self.vc.current_stream.stream_id, category=Category.TEMPORARY,
-                    op=op, module=module, phase=self.phase, dtype="int64", shape=(nbytes // 8,), source=source))
+                    op=op, module=module, phase=self.phase, dtype="uint8", shape=(nbytes,), source=source))
             else:
                 a = slots.pop(slot)
                 self.add_event(TraceEvent(FREE, id=a.id, bytes=a.bytes, stream=a.stream, category=a.category, op=op,
