@@ -142,6 +142,9 @@ def compare(rb: Rebuilt, show_diff: int = 0) -> Comparison:
     real_events = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
     replayed = replay_snapshot(snap)
 
+    # Each workload vendors its author's own cs336_basics: forget the previous one's.
+    for name in [m for m in sys.modules if m == "cs336_basics" or m.startswith("cs336_basics.")]:
+        del sys.modules[name]
     t0 = time.perf_counter()
     tr = trace_script(str(HERE / rb.script), overrides=rb.overrides)
     seconds = time.perf_counter() - t0

@@ -78,3 +78,12 @@ with CONTEXT, torch.autocast("cuda", dtype=torch.bfloat16):
     bf16_weights = 4 * 256 * 256 * 2
     assert cached["during"] - plain["during"] >= bf16_weights  # cached under no_grad only
     assert plain["during"] < weights + bf16_weights // 2
+
+
+def test_ops_with_kernels_of_their_own_are_not_decomposed():
+    from xmem_engine.tracing.alloc_mode import _composite_implicit
+    import torch
+
+    assert _composite_implicit(torch.ops.aten.einsum.default)
+    assert not _composite_implicit(torch.ops.aten.silu_backward.default)  # has a math kernel too
+    assert not _composite_implicit(torch.ops.aten.mm.default)

@@ -62,12 +62,15 @@ HOST_OUTPUTS: dict[Any, frozenset[int]] = {
 
 
 def _composite_implicit(func: Any) -> bool:
-    """An op that is only a composition of others (CompositeImplicitAutograd)."""
+    """An op that is only a composition of others: a CompositeImplicitAutograd kernel and no
+    kernel of its own (``silu_backward`` has both: a device runs its own kernel)."""
     name = getattr(func, "name", None)
     if not callable(name) or getattr(func, "namespace", "aten") != "aten":
         return False
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
     try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(name(), "CompositeImplicitAutograd")
+        return has(name(), "CompositeImplicitAutograd") and not any(
+            has(name(), key) for key in ("CPU", "CUDA", "CompositeExplicitAutograd"))
     except RuntimeError:
         return False
 
