@@ -132,3 +132,19 @@ if (labels == 1).sum() == 2:
     ns: dict = {}
     tr = trace(src, ns, mode="fake")
     assert ns["both"] is True and "guesses" not in tr.meta
+
+
+def test_a_guessed_number_notes_each_use_once_and_stays_a_number():
+    from xmem_engine.tracing.placeholders import FakeFloat, FakeInt, placeholder
+
+    used: list[str] = []
+    n = placeholder(torch.int64, 3, lambda what, value: (used.append(what), value)[1])
+    assert isinstance(n, FakeInt) and n + 1 == 4 and f"{n:d}" == "3"  # arithmetic and format: no note
+    assert used == []  # n + 1 is a plain int: comparing it decides nothing about n
+    used.clear()
+    assert int(n) == 3 and n > 2 and bool(n)
+    assert used == ["int(Tensor.item())", "Tensor.item() in a comparison", "Tensor.item() in a condition"]
+    f = placeholder(torch.float32, 2.5, lambda what, value: value)
+    assert isinstance(f, FakeFloat) and round(f) == 2 and round(f, 1) == 2.5 and int(f) == 2
+    with pytest.raises(BaseException, match="control flow"):
+        bool(FakeFloat(1.0))  # no on_use: a value fake mode needs and does not have

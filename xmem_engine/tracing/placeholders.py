@@ -33,9 +33,17 @@ def _use(self: Any, what: str, result: Any) -> Any:
     return on_use(what, result)
 
 
+def _plain(base: type) -> Callable[[Any], Any]:
+    """The number itself, as a plain ``base`` (``int(self)`` would call the overridden
+    ``__int__``)."""
+    return int.__int__ if base is int else float.__float__
+
+
 def _compare(op: Callable[[Any, Any], Any], base: type) -> Callable[[Any, object], Any]:
+    plain = _plain(base)
+
     def cmp(self: Any, other: object) -> Any:
-        result = op(base(self), other)
+        result = op(plain(self), other)
         if result is NotImplemented:
             return result
         return _use(self, "Tensor.item() in a comparison", result)
@@ -43,25 +51,34 @@ def _compare(op: Callable[[Any, Any], Any], base: type) -> Callable[[Any, object
     return cmp
 
 
-class FakeFloat(float):
+def _guessed(base: type) -> type:
+    """A ``base`` (float or int) whose use in control flow goes through :func:`_use`."""
+
+    plain = _plain(base)
+
+    class Guessed(base):  # type: ignore[valid-type, misc]
+        def __bool__(self) -> bool:
+            return _use(self, "Tensor.item() in a condition", plain(self) != 0)
+
+        __lt__ = _compare(operator.lt, base)
+        __le__ = _compare(operator.le, base)
+        __gt__ = _compare(operator.gt, base)
+        __ge__ = _compare(operator.ge, base)
+        __eq__ = _compare(operator.eq, base)  # type: ignore[assignment]
+        __ne__ = _compare(operator.ne, base)  # type: ignore[assignment]
+        __hash__ = base.__hash__
+
+        def __int__(self) -> int:
+            return _use(self, "int(Tensor.item())", int(plain(self)))
+
+        def __index__(self) -> int:
+            return _use(self, "Tensor.item() used as an index or size", int(plain(self)))
+
+    return Guessed
+
+
+class FakeFloat(_guessed(float)):  # type: ignore[misc]
     """What ``.item()`` returns for a fake tensor whose value is guessed."""
-
-    def __bool__(self) -> bool:
-        return _use(self, "Tensor.item() in a condition", float(self) != 0.0)
-
-    __lt__ = _compare(operator.lt, float)
-    __le__ = _compare(operator.le, float)
-    __gt__ = _compare(operator.gt, float)
-    __ge__ = _compare(operator.ge, float)
-    __eq__ = _compare(operator.eq, float)  # type: ignore[assignment]
-    __ne__ = _compare(operator.ne, float)  # type: ignore[assignment]
-    __hash__ = float.__hash__
-
-    def __int__(self) -> int:
-        return _use(self, "int(Tensor.item())", int(float(self)))
-
-    def __index__(self) -> int:
-        return _use(self, "Tensor.item() used as an index or size", int(float(self)))
 
     def __round__(self, ndigits: int | None = None) -> Any:
         if ndigits is None:
@@ -69,25 +86,8 @@ class FakeFloat(float):
         return float(self).__round__(ndigits)
 
 
-class FakeInt(int):
+class FakeInt(_guessed(int)):  # type: ignore[misc]
     """Integer counterpart of :class:`FakeFloat`."""
-
-    def __bool__(self) -> bool:
-        return _use(self, "Tensor.item() in a condition", int(self) != 0)
-
-    __lt__ = _compare(operator.lt, int)
-    __le__ = _compare(operator.le, int)
-    __gt__ = _compare(operator.gt, int)
-    __ge__ = _compare(operator.ge, int)
-    __eq__ = _compare(operator.eq, int)  # type: ignore[assignment]
-    __ne__ = _compare(operator.ne, int)  # type: ignore[assignment]
-    __hash__ = int.__hash__
-
-    def __int__(self) -> int:
-        return _use(self, "int(Tensor.item())", int.__int__(self))
-
-    def __index__(self) -> int:
-        return _use(self, "Tensor.item() used as an index or size", int.__int__(self))
 
 
 def placeholder(dtype: torch.dtype, value: Any = 1, on_use: OnUse | None = None) -> Any:
