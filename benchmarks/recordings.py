@@ -146,7 +146,7 @@ def compare(rb: Rebuilt, show_diff: int = 0) -> Comparison:
     for name in [m for m in sys.modules if m == "cs336_basics" or m.startswith("cs336_basics.")]:
         del sys.modules[name]
     t0 = time.perf_counter()
-    tr = trace_script(str(HERE / rb.script), overrides=rb.overrides)
+    tr = trace_script(str(HERE / rb.script), overrides=rb.overrides, torch_version=rb.torch)
     seconds = time.perf_counter() - t0
     est = estimate_trace(tr, rb.gpu, torch_version=rb.torch)
     traced = [e for e in _region(est.simulated_events) if e.kind == "alloc"]

@@ -263,7 +263,7 @@ def estimate(
     _check_target_torch(torch_version)
     t0 = time.perf_counter()
     tr = trace(code, namespace, mode=mode, device=target.properties(), filename=filename,
-               max_iterations=iterations)
+               max_iterations=iterations, torch_version=torch_version)
     return estimate_trace(tr, target, cfg, torch_version=torch_version, started=t0)
 
 
@@ -285,7 +285,7 @@ def estimate_script(
     _check_target_torch(torch_version)
     t0 = time.perf_counter()
     tr = trace_script(path, mode=mode, overrides=overrides, device=target.properties(),
-                      max_iterations=iterations)
+                      max_iterations=iterations, torch_version=torch_version)
     return estimate_trace(tr, target, cfg, torch_version=torch_version, started=t0)
 
 

@@ -81,6 +81,7 @@ Where things are
 ``packed_sequences.py``  ``pack_padded_sequence`` / ``pad_packed_sequence`` on the virtual GPU
 ``cuda_temporaries.py``  buffers CUDA kernels allocate for themselves (index_put's sort, reductions)
 ``cuda_reduce.py``    the reduction kernel's launch configuration and staging buffers (Reduce.cuh)
+``einsum_lowering.py``  einsum as releases before 2.9 compose it (``torch_version``)
 ``grad_accumulation.py``  gradient sums in place, as CUDA's autograd does them
 ``user_state.py``     the user's objects and settings, put back after the trace
 ``script.py``         a training script run as ``python SCRIPT`` (``--set``: ``xmem_engine/overrides.py``)

@@ -128,7 +128,7 @@ _BCE_BANNED = (
     "safe to autocast."
 )
 
-_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+AUTOCAST_CPU = _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)  # the key its kernels use
 
 
 def _registrations(key: str) -> list[str]:

@@ -17,7 +17,7 @@ import torch
 import torch.utils._device as _device_mod
 from torch.overrides import TorchFunctionMode
 
-from xmem_engine.tracing import packed_sequences
+from xmem_engine.tracing import einsum_lowering, packed_sequences
 from xmem_engine.tracing.sdpa import tracer_handler
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import as_torch_error, user_frame
@@ -27,6 +27,11 @@ from xmem_engine.tracing.tracer import Tracer
 
 _device_constructors = _device_mod._device_constructors
 _T = torch.Tensor
+
+
+def _installed() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
 
 
 def _as_device(d: Any) -> torch.device | None:
@@ -67,6 +72,9 @@ class DeviceMode(TorchFunctionMode):
             torch.nn.functional.scaled_dot_product_attention: tracer_handler(tracer),
             torch._C._VariableFunctions._pad_packed_sequence: packed_sequences.handler(tracer),
         }
+        target = tracer.torch_target
+        if target is not None and target < einsum_lowering.SWAPPING_FROM <= _installed():
+            self.special[torch.functional.einsum] = einsum_lowering.handler(tracer.vc.autocast)
         if tracer.fake:
             self.special.update({
                 _T.item: self._item,

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 import torch.utils.data
 
-from xmem_engine.gpus.cuda_libraries import runs_convolutions
+from xmem_engine.gpus.cuda_libraries import runs_convolutions, target_version
 from xmem_engine.trace import MODES, Mode, Trace
 from xmem_engine.tracing.alloc_mode import AllocMode
 from xmem_engine.tracing.device_mode import DeviceMode, fake_device_property
@@ -67,6 +67,7 @@ def trace(
     filename: str = "<cell>",
     setup: Iterable[Callable[[Tracer], Any]] = (),
     max_iterations: int | None = None,
+    torch_version: str | None = None,
 ) -> Trace:
     """Run ``code`` (a no-argument callable, or source text / a compiled code object executed
     in a copy of ``namespace``) as if on a CUDA GPU; return the trace of its GPU memory requests.
@@ -77,6 +78,8 @@ def trace(
     ``CachingAllocator`` if None). ``device``: the target GPU's properties (see
     ``virtual_cuda.DEFAULT_DEVICE``). ``setup``: callables given the :class:`Tracer` before
     the code runs (to add op hooks or events); ``sys.exit(0)`` in the code ends it normally.
+    ``torch_version``: the PyTorch release the GPU run will use, where its composite ops
+    lower differently from the installed one (einsum before 2.7: ``einsum_lowering.py``).
     ``max_iterations``: stop the code when
     iteration ``max_iterations`` would start (``trace.meta["stopped"]`` is then True): a
     long training loop costs only the iterations that show its steady state.
@@ -99,6 +102,8 @@ def trace(
     elif not isinstance(code, types.CodeType) and not callable(code):
         raise TypeError(f"code must be a callable or source text, not {type(code).__name__}")
     try:
+        if torch_version is not None:
+            setup = [*setup, lambda t: setattr(t, "torch_target", target_version(torch_version))]
         return _trace_modes(code, namespace, mode, allocator, device, setup, max_iterations)
     except BaseException as e:
         if not trim_traceback(e):

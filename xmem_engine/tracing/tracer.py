@@ -110,6 +110,7 @@ class Tracer:
         self.op_hooks: list[Callable[["Tracer", Any, tuple, dict, Any], None]] = []
         self.sdpa_calls = 0  # attention calls whose CUDA backend sdpa.py chose for this GPU
         self.notes: list[str] = []  # what the estimate should tell about how this run was traced
+        self.torch_target: tuple[int, int] | None = None  # the GPU run's PyTorch, when not this one
         self.real_ops: dict[str, int] = {}  # fake mode: ops run for real (no fake kernel), by name
         self.module_types: dict[str, str] = {}  # module path -> class name ("layers.0.mlp.fc1" -> "Linear")
         self._next_id = 0
