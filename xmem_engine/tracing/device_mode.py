@@ -17,6 +17,7 @@ import torch
 import torch.utils._device as _device_mod
 from torch.overrides import TorchFunctionMode
 
+from xmem_engine.gpus.cuda_libraries import parse_version
 from xmem_engine.tracing import einsum_lowering, packed_sequences
 from xmem_engine.tracing.sdpa import tracer_handler
 from xmem_engine.tracing.errors import NeedsRealValues
@@ -27,11 +28,6 @@ from xmem_engine.tracing.tracer import Tracer
 
 _device_constructors = _device_mod._device_constructors
 _T = torch.Tensor
-
-
-def _installed() -> tuple[int, int]:
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
 
 
 def _as_device(d: Any) -> torch.device | None:
@@ -73,7 +69,7 @@ class DeviceMode(TorchFunctionMode):
             torch._C._VariableFunctions._pad_packed_sequence: packed_sequences.handler(tracer),
         }
         target = tracer.torch_target
-        if target is not None and target < einsum_lowering.SWAPPING_FROM <= _installed():
+        if target is not None and target < einsum_lowering.SWAPPING_FROM <= parse_version():
             self.special[torch.functional.einsum] = einsum_lowering.handler(tracer.vc.autocast)
         if tracer.fake:
             self.special.update({

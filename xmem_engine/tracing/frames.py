@@ -55,6 +55,19 @@ def user_frame(depth: int = 2) -> str:
     return ""
 
 
+def library_frame(depth: int = 2) -> str:
+    """``file:line`` of the innermost frame outside torch, xmem and the standard library: a
+    library such as transformers (named from its ``site-packages`` folder on), or the user's."""
+    f: types.FrameType | None = sys._getframe(depth)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith(_LIB_DIRS) or fn.startswith("<frozen")):
+            marker = fn.find("site-packages" + os.sep)
+            return f"{fn[marker + len('site-packages') + 1:] if marker >= 0 else fn}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
 def run_user_code(code: Any, scratch: dict | None) -> None:
     """The one frame between the tracer and the user's code (tracebacks start after it)."""
     if scratch is not None:

@@ -27,7 +27,6 @@ A guessed value that decides the same line :data:`LOOP_LIMIT` times is a loop on
 from __future__ import annotations
 
 import contextlib
-import sys
 import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
@@ -36,7 +35,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from xmem_engine.tracing.errors import NeedsRealValues
-from xmem_engine.tracing.frames import TORCH_DIR, XMEM_DIR, op_name, user_frame
+from xmem_engine.tracing.frames import library_frame, op_name, user_frame
 from xmem_engine.tracing.shadow_values import SHADOW_BYTES, Shadows
 
 LOOP_LIMIT = 10_000  # guesses at one line before it counts as a loop on a value
@@ -289,7 +288,7 @@ class Guesses:
 
     def decide(self, what: str, value: Any, kind: str = "value") -> Any:
         """Note that ``value``, a guess, decided something at the current user line."""
-        where, inside = user_frame(2), _library_frame()
+        where, inside = user_frame(2), library_frame(2)
         if inside and where and inside == where:
             inside = ""
         key = (what, where, inside)
@@ -380,27 +379,6 @@ def _short(func: Any) -> str:
             name = ("torchvision.ops." if prefix == "torchvision." else "") + name[len(prefix):]
             break
     return name.removesuffix(".default").removesuffix(".Tensor")
-
-
-def _library_frame() -> str:
-    """``file:line`` of the innermost frame outside torch, xmem and the standard library
-    (a library such as transformers, or the user's own code)."""
-    import sysconfig
-
-    stdlib = sysconfig.get_paths().get("stdlib", "")
-    f = sys._getframe(2)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not (fn.startswith((TORCH_DIR, XMEM_DIR)) or fn.startswith("<frozen") or (stdlib and fn.startswith(stdlib))):
-            return f"{_site_relative(fn)}:{f.f_lineno}"
-        f = f.f_back
-    return ""
-
-
-def _site_relative(fn: str) -> str:
-    marker = "site-packages/"
-    i = fn.find(marker)
-    return fn[i + len(marker):] if i >= 0 else fn
 
 
 _VALUE_READS = ("aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero", "aten::allclose")

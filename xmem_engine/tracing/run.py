@@ -79,7 +79,7 @@ def trace(
     ``virtual_cuda.DEFAULT_DEVICE``). ``setup``: callables given the :class:`Tracer` before
     the code runs (to add op hooks or events); ``sys.exit(0)`` in the code ends it normally.
     ``torch_version``: the PyTorch release the GPU run will use, where its composite ops
-    lower differently from the installed one (einsum before 2.7: ``einsum_lowering.py``).
+    lower differently from the installed one (einsum before 2.9: ``einsum_lowering.py``).
     ``max_iterations``: stop the code when
     iteration ``max_iterations`` would start (``trace.meta["stopped"]`` is then True): a
     long training loop costs only the iterations that show its steady state.
@@ -103,7 +103,8 @@ def trace(
         raise TypeError(f"code must be a callable or source text, not {type(code).__name__}")
     try:
         if torch_version is not None:
-            setup = [*setup, lambda t: setattr(t, "torch_target", target_version(torch_version))]
+            target = target_version(torch_version)
+            setup = [*setup, lambda t: setattr(t, "torch_target", target)]
         return _trace_modes(code, namespace, mode, allocator, device, setup, max_iterations)
     except BaseException as e:
         if not trim_traceback(e):

@@ -146,24 +146,19 @@ class Shadows:
     def _overwrite(self, func: Any, args: tuple, kwargs: dict) -> bool:
         """``zero_`` / ``fill_(number)`` (``nn.init.zeros_``, ``bias.data.zero_()``) make a
         small storage's values known whatever it held, when they cover all of it."""
-        t = args[0]
-        st = t.untyped_storage()
-        key = st._cdata
-        base = self.by_storage.get(key)
-        if base is None:
-            if st.nbytes() > SHADOW_BYTES or t.numel() * t.element_size() != st.nbytes() or not t.is_contiguous():
-                return False
-            from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-            with unset_fake_temporarily():
-                base = torch.zeros(st.nbytes(), dtype=torch.uint8).untyped_storage()
-        real = self._real_args(args, kwargs) if key in self.by_storage else None
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+        t = args[0]
+        st = t.untyped_storage()
+        known = self.by_storage.get(st._cdata)
+        if known is None and (st.nbytes() > SHADOW_BYTES or t.numel() * t.element_size() != st.nbytes()
+                              or not t.is_contiguous()):
+            return False
         with unset_fake_temporarily():
+            base = known if known is not None else torch.zeros(st.nbytes(), dtype=torch.uint8).untyped_storage()
             view = torch.empty((0,), dtype=t.dtype).set_(base, t.storage_offset(), t.size(), t.stride())
-            func(view, *args[1:], **kwargs) if real is None else func(*real[0], **real[1])
-        if key not in self.by_storage:
+            func(view, *args[1:], **kwargs)  # the shadow (or a fresh one) takes the written values
+        if known is None:
             self._keep(t, view)
         return True
 

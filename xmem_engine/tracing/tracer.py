@@ -40,6 +40,7 @@ from xmem_engine.tracing.errors import StopTracing
 from xmem_engine.tracing.frames import as_torch_error, op_name, user_frame
 from xmem_engine.tracing.patches import patched_attr
 from xmem_engine.tracing.scope import CallScope
+from xmem_engine.tracing.cuda_temporaries import device_of
 from xmem_engine.tracing.guesses import Guesses
 from xmem_engine.tracing.host_memory import HostBudget
 from xmem_engine.tracing.shadow_values import Shadows
@@ -90,6 +91,7 @@ class Tracer:
         if mode not in ("fake", "real"):
             raise ValueError(f"mode must be 'fake' or 'real', not {mode!r}")
         self.vc = VirtualCuda(self, device)
+        self.cuda_device = device_of(self.vc.props)  # the target GPU as cuda_temporaries' rules see it
         if allocator is None:
             # No capacity: the trace records every request; whether it fits is decided
             # downstream. device_total lets set_per_process_memory_fraction work.
@@ -160,16 +162,6 @@ class Tracer:
             self.allocator.free(self._extra_blocks.pop(event.id))
         self.events.append(event)
         return event
-
-    @property
-    def cuda_device(self) -> Any:
-        """The target GPU as ``cuda_temporaries`` rules see it (SMs, threads per SM)."""
-        dev = self.__dict__.get("_cuda_device")
-        if dev is None:
-            from xmem_engine.tracing.cuda_temporaries import device_of
-
-            dev = self._cuda_device = device_of(self.vc.props)
-        return dev
 
     def transients(self, func: Any, steps: Iterable[tuple[str, str, int]]) -> None:
         """Buffers a CUDA kernel allocates and frees inside one op (``cuda_temporaries.py``):
