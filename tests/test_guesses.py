@@ -4,6 +4,8 @@ bound, and each guess is noted with its line."""
 
 from __future__ import annotations
 
+import sysconfig
+
 import pytest
 import torch
 
@@ -63,10 +65,15 @@ while big.max() > 1e-3:
     assert tr.mode == "real" and "loop" in tr.meta["fallback"] and 10 <= ns["halvings"] <= 12
 
 
-def test_a_guess_inside_a_library_names_both_lines():
+@pytest.mark.parametrize("site", [
+    "/opt/env/site-packages",
+    # where pip puts a library in this very environment (inside a venv's platstdlib)
+    sysconfig.get_paths()["purelib"],
+])
+def test_a_guess_inside_a_library_names_both_lines(site):
     lib_src = "def get_lr(rms, eps=1e-3):\n    return max(eps, rms)\n"
     lib: dict = {}
-    exec(compile(lib_src, "/opt/env/site-packages/somelib/optim.py", "exec"), lib)
+    exec(compile(lib_src, f"{site}/somelib/optim.py", "exec"), lib)
     src = """
 import torch
 w = torch.nn.Parameter(torch.randn(64, 64, device="cuda"))

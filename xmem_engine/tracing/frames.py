@@ -61,7 +61,9 @@ def library_frame(depth: int = 2) -> str:
     f: types.FrameType | None = sys._getframe(depth)
     while f is not None:
         fn = f.f_code.co_filename
-        if not (fn.startswith(_LIB_DIRS) or fn.startswith("<frozen")):
+        # (a virtual environment's platstdlib holds its site-packages: those are libraries)
+        skip = fn.startswith(_LIB_DIRS) and ("site-packages" not in fn or fn.startswith((TORCH_DIR, XMEM_DIR)))
+        if not (skip or fn.startswith("<frozen")):
             marker = fn.find("site-packages" + os.sep)
             return f"{fn[marker + len('site-packages') + 1:] if marker >= 0 else fn}:{f.f_lineno}"
         f = f.f_back
