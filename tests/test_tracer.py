@@ -614,6 +614,27 @@ def test_a_dropped_gradient_is_freed_after_backward(mode):
     assert ns["before"] - ns["after"] == 4096 * 1024 * 4
 
 
+# The last node of a backward (here the embedding's AccumulateGrad, which holds its parameter
+# and so the gradient) is not kept by the tracer: a model dropped after backward is freed.
+DROP_MODEL = """
+import torch
+def step():
+    emb = torch.nn.Embedding(4096, 1024).cuda()
+    ids = torch.randint(0, 4096, (8, 16), device="cuda")
+    emb(ids).sum().backward()
+start = torch.cuda.memory_allocated()
+step()
+end = torch.cuda.memory_allocated()
+"""
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_a_model_dropped_after_backward_is_freed(mode):
+    ns: dict = {}
+    trace(DROP_MODEL, ns, mode=mode)
+    assert ns["end"] == ns["start"] == 0
+
+
 # A custom op with no fake kernel runs for real once (on zero-filled inputs of its sizes):
 # the rest stays in fake mode and allocates as in real mode; the notes name the op.
 CUSTOM_OP = """
@@ -647,3 +668,25 @@ def test_a_custom_op_without_fake_kernel_runs_for_real_once():
     assert runs["auto"].meta["real_ops"] == {"xmemtest::scale_auto": 1} and "real_ops" not in runs["real"].meta
     sizes = {m: [(e.bytes, e.phase) for e in tr.events if e.kind == "alloc"] for m, tr in runs.items()}
     assert sizes["auto"] == sizes["real"]
+
+
+# torch.compile runs the model eagerly; the estimate says so once, at the user's line.
+COMPILED = """
+import torch
+model = torch.nn.Linear(64, 64).cuda()
+step = torch.compile(model)
+also = torch.compile(mode="max-autotune")(lambda x: x * 2)
+for _ in range(2):
+    step(torch.randn(8, 64, device="cuda")).sum().backward()
+"""
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_torch_compile_runs_eagerly_and_says_so(mode):
+    tr = trace(COMPILED, {}, mode=mode)
+    notes = [n for n in tr.meta.get("notes", []) if n.startswith("torch.compile")]
+    assert len(notes) == 1 and "<cell>:4 ran eagerly" in notes[0]
+    plain = trace(COMPILED.replace("torch.compile(model)", "model").replace(
+        'torch.compile(mode="max-autotune")(lambda x: x * 2)', "None"), {}, mode=mode)
+    assert [(e.kind, e.bytes) for e in tr.events] == [(e.kind, e.bytes) for e in plain.events]
+    assert not any(n.startswith("torch.compile") for n in plain.meta.get("notes", []))

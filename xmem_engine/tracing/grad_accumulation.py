@@ -71,6 +71,7 @@ class BackwardInPlace:
         self._python_node = False
         self._pass_through = False
         self._made: set[int] = set()  # ids of tensors the current node made (all alive)
+        self._forget_queued = False
 
     def node_changed(self) -> Any:
         """The autograd node now running (None outside backward); forgets what the
@@ -81,7 +82,17 @@ class BackwardInPlace:
             self._python_node = isinstance(node, torch.autograd.function.BackwardCFunction)
             self._pass_through = node is not None and node.name() in PASS_THROUGH
             self._made.clear()
+            if node is not None and not self._forget_queued:
+                # A node holds what it saved, an AccumulateGrad its parameter (and so the
+                # gradient): let go of the last one when this backward ends, or a model the
+                # user drops stays alive (nodes take no weak references).
+                torch.autograd.Variable._execution_engine.queue_callback(self._forget)
+                self._forget_queued = True
         return node
+
+    def _forget(self) -> None:
+        self._node, self._python_node, self._pass_through, self._forget_queued = None, False, False, False
+        self._made.clear()
 
     def made(self, tensors: Iterable[torch.Tensor]) -> None:
         if self._node is not None:
