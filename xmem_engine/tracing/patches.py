@@ -138,11 +138,25 @@ def in_process_iterator(loader: Any) -> Any:
         loader.num_workers = workers
 
 
-def eager_compile(model: Any = None, **kwargs: Any) -> Any:
-    """``torch.compile`` under the tracer: the model (or function) itself, run eagerly."""
-    if model is None:
-        return lambda m: m
-    return model
+#: what the estimate says when the code called torch.compile (once, at its first call)
+COMPILE_NOTE = ("torch.compile at {where} ran eagerly: the estimate is the eager step's. A compiled "
+                "step (Inductor) fuses ops, which often holds less activation memory, and compiles and "
+                "autotunes inside its first call")
+
+
+def eager_compile(notes: list[str]) -> Callable:
+    """``torch.compile`` under the tracer: the model (or function) itself, run eagerly; the
+    first call adds :data:`COMPILE_NOTE` to ``notes``."""
+    from xmem_engine.tracing.frames import user_frame
+
+    def compile(model: Any = None, **kwargs: Any) -> Any:
+        if not any(n.startswith("torch.compile at ") for n in notes):
+            notes.append(COMPILE_NOTE.format(where=user_frame() or "(library code)"))
+        if model is None:
+            return lambda m: m
+        return model
+
+    return compile
 
 
 def fake_parameter_new(fake_mode: Any) -> Callable:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import gc
 import linecache
 import logging
@@ -104,7 +105,13 @@ def trace(
     try:
         if torch_version is not None:
             target = target_version(torch_version)
-            setup = [*setup, lambda t: setattr(t, "torch_target", target)]
+
+            def aim(t: Tracer, target: tuple[int, int] = target) -> None:
+                # The GPU run's PyTorch: its lowerings and its CUDA kernels' buffer rules.
+                t.torch_target = target
+                t.cuda_device = dataclasses.replace(t.cuda_device, torch_version="%d.%d" % target)
+
+            setup = [*setup, aim]
         return _trace_modes(code, namespace, mode, allocator, device, setup, max_iterations)
     except BaseException as e:
         if not trim_traceback(e):
@@ -306,7 +313,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         # Worker processes would run the dataset outside the tracer's control (and fork
         # its modes): load in-process. torch.compile runs the code eagerly.
         stack.enter_context(patched_attr(torch.utils.data.DataLoader, "_get_iterator", in_process_iterator))
-        stack.enter_context(patched_attr(torch, "compile", eager_compile))
+        stack.enter_context(patched_attr(torch, "compile", eager_compile(tracer.notes)))
         if tracer.fake:
             # Fake parameters take the same optimizer implementation as real ones on a
             # GPU (foreach by default): torch checks ``type(p) in _foreach_supported_types``.
