@@ -53,6 +53,29 @@ TITLE_JS = """(text) => (window.Bokeh && window.Bokeh.documents || []).some(d =>
     return false; })"""
 
 
+def _one_result_per_cell(page, showing: str) -> None:
+    """Each %%xmem cell has one output, showing either the live widget or the saved report,
+    never both, never a widget error or a widget's repr."""
+    results = page.locator(f"{PANEL} .jp-RenderedXmemResult")
+    n = results.count()
+    sources = page.evaluate("""() => { const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+        const out = []; for (let i = 0; i < cells.length; i++) { out.push(cells.get(i).sharedModel.getSource()); }
+        return out; }""")
+    xmem_cells = [s for s in sources if s.startswith("%%xmem") and "--quiet" not in s.split("\n")[0]]
+    assert n == len(xmem_cells) > 0, (n, len(xmem_cells))
+    for i in range(n):
+        r = results.nth(i)
+        report_visible = r.locator(":scope > .jp-RenderedXmemReport").evaluate(
+            "e => !e.classList.contains('lm-mod-hidden')")
+        widgets = r.locator(".xmem-widget").count()
+        if showing == "widget":
+            assert widgets == 1 and not report_visible, (i, widgets, report_visible)
+        else:
+            assert widgets == 0 and report_visible, (i, widgets, report_visible)
+    text = page.locator(PANEL).inner_text()
+    assert "Error displaying widget" not in text and "XmemWidget(" not in text
+
+
 def test_quickstart_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
@@ -111,6 +134,8 @@ def test_quickstart_in_jupyterlab(lab):
             page.set_viewport_size({"width": 1400, "height": 2200})
             first_widget.screenshot(path=str(ARTIFACTS / "browser_quickstart_widget.png"))
 
+            _one_result_per_cell(page, showing="widget")
+
             # save, reload the page against the same kernel: the widgets come back from the
             # kernel and BokehJS is found again (the shared loader widget re-runs it)
             page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
@@ -134,6 +159,17 @@ def test_quickstart_in_jupyterlab(lab):
             page.wait_for_function(TITLE_JS, arg="(GiB): GPU 79.18", timeout=30_000)
             again.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "browser_quickstart_after_reload.png"))
+            _one_result_per_cell(page, showing="widget")
+
+            # the kernel restarts: its widgets are gone, each output shows its saved report
+            page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
+            page.wait_for_function(
+                """(sel) => { const r = document.querySelectorAll(sel + ' .jp-RenderedXmemResult');
+                              return r.length > 0 && Array.from(r).every(x => !x.querySelector('.xmem-widget')); }""",
+                arg=PANEL, timeout=60_000)
+            _one_result_per_cell(page, showing="report")
+            page.locator(f"{PANEL} .jp-RenderedXmemResult").first.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "browser_quickstart_after_restart.png"))
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
             (ARTIFACTS / "browser_failure_console.txt").write_text("\n".join(console + errors))

@@ -57,16 +57,19 @@ def report_output(report: dict) -> dict:
                      "text/plain": ["<xmem estimate: open in JupyterLab or Notebook 7 to see it>"]}}
 
 
+def live_output(report: dict) -> dict:
+    """What %%xmem leaves in a saved notebook: one output holding the widget's view (dead
+    without its kernel) and the static report."""
+    out = report_output(report)
+    out["data"]["application/vnd.jupyter.widget-view+json"] = {
+        "model_id": "0123456789abcdef0123456789abcdef", "version_major": 2, "version_minor": 0}
+    return out
+
+
 def write_notebook(path: Path) -> None:
-    """What %%xmem leaves in a saved notebook: a widget output (dead without its kernel) and,
-    in a separate output, the static report."""
-    widget = {"output_type": "display_data", "metadata": {},
-              "data": {"application/vnd.jupyter.widget-view+json":
-                       {"model_id": "0123456789abcdef0123456789abcdef", "version_major": 2, "version_minor": 0},
-                       "text/plain": ["VBox()"]}}
     cells = []
     for i, (src, outputs) in enumerate([
-        ("%%xmem --gpu RTX-4060-8GB\n# the small MLP", [widget, report_output(example("mlp-rtx4060.json"))]),
+        ("%%xmem --gpu RTX-4060-8GB\n# the small MLP", [live_output(example("mlp-rtx4060.json"))]),
         ("%%xmem --gpu RTX-4060-8GB\n# the large MLP", [report_output(example("mlp-large-rtx4060-does-not-fit.json"))]),
         ("%%xmem\n# names with markup", [report_output(example("markup-in-names.json"))]),
         ("%%xmem\n# a report from a future xmem", [report_output(example("unknown-version-99.json"))]),
@@ -140,6 +143,11 @@ def check_reports(page, scope: str) -> list:
         assert len(points.split()) > 20
     assert nofit.locator("svg.xmem-chart .xmem-line-capacity").count() == 1
 
+    # one result per output, and nothing of the dead widget: no error, no repr
+    text = page.locator(scope).inner_text()
+    assert "Error displaying widget" not in text and "Loading widget" not in text, text[:2000]
+    assert "VBox(" not in text and "XmemWidget(" not in text
+
     # markup stays text
     assert markup.locator("img, script, iframe, a, style, b").count() == 0
     assert "<img src=x onerror=alert(1)>" in markup.inner_text()
@@ -207,3 +215,31 @@ def test_saved_reports_render_without_a_kernel_in_notebook7(notebook_dir):
         page.screenshot(path=str(ARTIFACTS / "labext-notebook7.png"), full_page=False)
         assert dialogs == []
         assert get_json(f"{base}/api/kernels?token={token}") == []
+
+
+def test_a_trusted_saved_notebook_shows_the_report_not_the_dead_widget(notebook_dir):
+    """Trusted (signed, as JupyterLab signs what it saves), no kernel: ipywidgets' renderer
+    would take the output and say "model not found"; the extension shows the report."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    path = notebook_dir / "nb" / "estimate.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    (notebook_dir / "data").mkdir(exist_ok=True)
+    NotebookNotary(data_dir=str(notebook_dir / "data")).sign(nb)
+    nbformat.write(nb, path)
+    with jupyter_server(notebook_dir, notebook_dir / "nb", "jupyterlab", kernels=False) as (base, token), \
+            browser_page() as (page, dialogs, errors):
+        page.goto(f"{base}/lab/workspaces/xmem-test-{secrets.token_hex(4)}/tree/estimate.ipynb?reset&token={token}")
+        scope = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+        check_reports(page, scope)
+        dismiss_kernel_dialog(page)
+        trusted = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.model.cells.get(0).trusted")
+        assert trusted is True
+        page.wait_for_timeout(3000)  # ipywidgets' manager gives up on the model meanwhile
+        first = page.locator(f"{scope} .jp-RenderedXmemResult").first
+        assert first.locator(".jp-RenderedXmemReport").is_visible()
+        assert first.locator(".xmem-headline-text").inner_text() == headline(example("mlp-rtx4060.json"))
+        text = page.locator(scope).inner_text()
+        assert "Error displaying widget" not in text and "Loading widget" not in text
+        page.screenshot(path=str(ARTIFACTS / "labext-trusted-no-kernel.png"), full_page=False)

@@ -169,3 +169,48 @@ def test_a_syntax_error_in_a_cell_shows_the_line_only(ip):
     lines = res.error_in_exec._render_traceback_()
     assert lines[0].strip().startswith('File "In[') and lines[-1].startswith("SyntaxError")
     assert not any("xmem" in line or "IPython" in line for line in lines)
+
+
+def test_one_result_per_cell_holds_the_widget_and_its_report(ip, ns, monkeypatch):
+    """One output: the widget's view and the static report in the same bundle, so a front end
+    shows one or the other, never both; a change in the widget updates that same output."""
+    import xmem_jupyter.magic as magic
+    from xmem_engine.estimate import REPORT_MIME
+
+    shown: list[tuple[dict, str]] = []
+    updates: list[dict] = []
+
+    class Handle:
+        def __init__(self, display_id: str):
+            self.display_id = display_id
+
+        def update(self, obj, raw=False):
+            assert raw
+            updates.append(obj)
+
+        def close(self):
+            pass
+
+    def fake_display(obj, raw=False, display_id=None):
+        if isinstance(obj, dict):
+            shown.append((obj, "raw" if raw else ""))
+        elif hasattr(obj, "_repr_mimebundle_") and type(obj).__name__ == "XmemWidget":
+            shown.append((obj._repr_mimebundle_(), "widget"))
+        return Handle(str(len(shown)))
+
+    monkeypatch.setattr(magic, "display", fake_display)
+    ns["batch"] = 8
+    res = _run(ip, "%%xmem --gpu T4 -o est\n" + STEP)
+    assert res.success, res.error_in_exec
+    results = [b for b, how in shown if "application/vnd.jupyter.widget-view+json" in b or REPORT_MIME in b]
+    assert len(results) == 1, [list(b) for b, _ in shown]
+    bundle = results[0]
+    assert set(bundle) == {"application/vnd.jupyter.widget-view+json", REPORT_MIME, "text/html", "text/plain"}
+    assert bundle["text/plain"].startswith("xmem: T4: peak")
+    model_id = bundle["application/vnd.jupyter.widget-view+json"]["model_id"]
+    from ipywidgets.widgets.widget import _instances  # ipywidgets 8: live widgets by model id
+
+    widget = _instances[model_id]
+    widget.gpu_dropdown.value = widget.gpu_dropdown.options[-1][1]
+    assert updates and updates[-1]["application/vnd.jupyter.widget-view+json"]["model_id"] == model_id
+    assert updates[-1][REPORT_MIME]["gpu"] == widget.est.gpu != "T4"

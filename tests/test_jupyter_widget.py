@@ -231,3 +231,19 @@ def test_the_timeline_shows_the_limits_never_clips_and_marks_the_oom(rows):
     else:  # where the run on this GPU fails is marked
         assert est.oom and charts.oom.visible and charts.oom.location == est.oom_event
         assert charts.oom_label.text == "out of memory here"
+
+
+def test_one_palette_for_every_view(session):
+    """Colours are defined once (palette.py): no other module of the notebook front names a
+    colour of its own, and the saved report carries them so the lab extension draws the same."""
+    import re
+
+    from xmem_jupyter.palette import CATEGORY_COLORS, palette
+
+    root = Path(__file__).resolve().parents[1] / "xmem_jupyter"
+    for f in root.glob("*.py"):
+        if f.name != "palette.py":
+            assert not re.findall(r"#[0-9a-fA-F]{6}\b", f.read_text()), f.name
+    bundle = report_bundle(session.estimate(32, "A100-SXM4-40GB"))
+    assert bundle[REPORT_MIME]["palette"] == palette()
+    assert bundle[REPORT_MIME]["palette"]["categories"]["activation"] == CATEGORY_COLORS["activation"]

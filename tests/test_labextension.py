@@ -38,8 +38,10 @@ def test_node_unit_tests_pass():
     assert failed and int(failed.group(1)) == 0, out[-3000:]
 
 
-def test_package_describes_a_prebuilt_mime_extension():
-    assert PACKAGE["jupyterlab"]["mimeExtension"] is True
+def test_package_describes_a_prebuilt_mime_extension_and_plugin():
+    # the saved-report renderer (index.ts) and the notebook plugin that picks widget or report
+    assert PACKAGE["jupyterlab"]["mimeExtension"] == "lib/index.js"
+    assert PACKAGE["jupyterlab"]["extension"] == "lib/live.js"
     assert PACKAGE["jupyterlab"]["outputDir"] == "../xmem_jupyter/labextension"
     assert (LABEXT / "package-lock.json").is_file(), "commit package-lock.json: builds must be reproducible"
     from xmem_engine import __version__
@@ -55,6 +57,7 @@ def test_installed_and_enabled():
     built = json.loads((INSTALLED / "package.json").read_text())
     assert built["name"] == NAME
     assert built["jupyterlab"]["mimeExtension"], "the built package.json names no mime extension"
+    assert built["jupyterlab"]["_build"].get("extension"), "the built package.json has no plugin (live.ts)"
     assert (INSTALLED / "static" / "style.js").is_file()
     assert json.loads((INSTALLED / "install.json").read_text())["packageName"] == "xmem"
 

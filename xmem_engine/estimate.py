@@ -87,19 +87,19 @@ class Estimate:
     def headline(self) -> str:
         """The one-sentence verdict every view shows (the CLI, the widget, the saved report):
         "Peak 3.21 GiB of 7.75 GiB on NVIDIA GeForce RTX 4060 — fits (headroom 4.54 GiB)"."""
-        head = f"Peak {_gib(self.peak_device_bytes)} of {_gib(self.capacity_bytes)} on {self.gpu_name}"
+        head = f"Peak {gib(self.peak_device_bytes)} of {gib(self.capacity_bytes)} on {self.gpu_name}"
         if self.fits:
-            return f"{head} — fits (headroom {_gib(self.headroom_bytes)})"
+            return f"{head} — fits (headroom {gib(self.headroom_bytes)})"
         if self.headroom_bytes < 0:
-            return f"{head} — does not fit (short by {_gib(-self.headroom_bytes)})"
+            return f"{head} — does not fit (short by {gib(-self.headroom_bytes)})"
         return f"{head} — does not fit (the simulated run runs out of memory)"
 
     @property
     def headline_detail(self) -> str:
         """What the peak is made of, one line under the headline."""
-        return (f"CUDA context {_gib(self.context_bytes)} + libraries {_gib(self.outside_allocator_bytes)} + "
-                f"allocator reserved {_gib(self.peak_reserved_bytes)} "
-                f"(allocated {_gib(self.peak_allocated_bytes)} at the peak)")
+        return (f"CUDA context {gib(self.context_bytes)} + libraries {gib(self.outside_allocator_bytes)} + "
+                f"allocator reserved {gib(self.peak_reserved_bytes)} "
+                f"(allocated {gib(self.peak_allocated_bytes)} at the peak)")
 
     @property
     def backend_caveat(self) -> str | None:
@@ -183,8 +183,9 @@ class Estimate:
         return "\n".join(lines)
 
 
-def _gib(n: int) -> str:
-    """Bytes as GiB with two decimals: the headline's one unit."""
+def gib(n: int) -> str:
+    """Bytes as GiB with two decimals: the one unit of the headline and its detail line (the
+    CLI, the widget and the saved report show the same words)."""
     return f"{n / (1 << 30):.2f} GiB"
 
 

@@ -15,10 +15,10 @@ from bokeh.models import (BoxAnnotation, ColumnDataSource, HoverTool, Label, Leg
 from bokeh.plotting import figure
 from bokeh.transform import linear_cmap
 
-from xmem_jupyter.flame import CATEGORY_COLORS, CATEGORY_ORDER, DRAWN, FlameData
+from xmem_jupyter.flame import DRAWN, FlameData
+from xmem_jupyter.palette import CATEGORY_COLORS, CATEGORY_ORDER, LINE_COLORS, PHASE_COLORS
 from xmem_jupyter.timeline import TimelineData
 
-PHASE_COLORS = {"forward": "#2ca02c", "backward": "#ff7f0e", "optimizer": "#9467bd", "other": "#ffffff"}
 FLAME_TOOLTIPS = "<div style='font-size:11px;max-width:30em'>@tip{safe}</div>"
 
 
@@ -72,11 +72,11 @@ def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
     flame.add_layout(Legend(items=[LegendItem(label=c, renderers=[r]) for c, r in zip(present, legend_src)],
                             location="top_left", orientation="horizontal", label_text_font_size="8pt",
                             background_fill_alpha=0.6), "above")
-    peak_flame = Span(location=tl.peak_x, dimension="height", line_color="#cf222e", line_width=2,
+    peak_flame = Span(location=tl.peak_x, dimension="height", line_color=LINE_COLORS["peak"], line_width=2,
                       line_dash="dashed")
     flame.add_layout(peak_flame)
     # above the bars, on a white ground: a label inside the stack is hidden by the bars
-    flame.add_layout(Label(x=fl.peak_x, y=fl.peak_bytes / fl.scale, text="peak", text_color="#cf222e",
+    flame.add_layout(Label(x=fl.peak_x, y=fl.peak_bytes / fl.scale, text="peak", text_color=LINE_COLORS["peak"],
                            text_font_size="9pt", x_offset=4, y_offset=4, background_fill_color="white",
                            background_fill_alpha=0.8))
 
@@ -86,15 +86,15 @@ def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
                   x_axis_label="event (allocations and frees, in program order)", toolbar_location=None)
     _phases(line, tl)
     lsrc = ColumnDataSource(tl.columns)
-    line.step("x", "reserved", source=lsrc, mode="after", color="#80b3ff", line_width=2, legend_label="reserved")
-    line.step("x", "allocated", source=lsrc, mode="after", color="#0969da", line_width=2, legend_label="allocated")
+    line.step("x", "reserved", source=lsrc, mode="after", color=LINE_COLORS["reserved"], line_width=2, legend_label="reserved")
+    line.step("x", "allocated", source=lsrc, mode="after", color=LINE_COLORS["allocated"], line_width=2, legend_label="allocated")
     limits = ColumnDataSource(_limits(tl))
-    line.hspan(y="capacity", source=limits, line_color="#cf222e", line_width=2, legend_label="GPU capacity")
-    line.hspan(y="limit", source=limits, line_color="#cf222e", line_dash="dotted", line_width=1.5,
+    line.hspan(y="capacity", source=limits, line_color=LINE_COLORS["capacity"], line_width=2, legend_label="GPU capacity")
+    line.hspan(y="limit", source=limits, line_color=LINE_COLORS["capacity"], line_dash="dotted", line_width=1.5,
                legend_label="allocator limit")
-    peak_line = Span(location=tl.peak_x, dimension="height", line_color="#cf222e", line_dash="dashed")
-    oom = Span(location=0, dimension="height", line_color="#8b0000", line_width=3)
-    oom_label = Label(x=0, y=0, text="out of memory here", text_color="#8b0000", text_font_size="9pt",
+    peak_line = Span(location=tl.peak_x, dimension="height", line_color=LINE_COLORS["peak"], line_dash="dashed")
+    oom = Span(location=0, dimension="height", line_color=LINE_COLORS["oom"], line_width=3)
+    oom_label = Label(x=0, y=0, text="out of memory here", text_color=LINE_COLORS["oom"], text_font_size="9pt",
                       x_offset=4, y_offset=4, background_fill_color="white", background_fill_alpha=0.8)
     for s in (peak_line, oom, oom_label):
         line.add_layout(s)

@@ -23,21 +23,9 @@ import numpy as np
 
 from xmem_engine.estimate import NO_MODULE
 from xmem_engine.trace import ALLOC, FREE, TraceEvent
+from xmem_jupyter.palette import CATEGORY_COLORS, CATEGORY_ORDER  # noqa: F401  (flame data uses the order)
 
 ROUND = 512
-CATEGORY_ORDER = ("parameter", "buffer", "optimizer_state", "gradient", "input", "activation",
-                  "temporary", "workspace", "other")
-CATEGORY_COLORS = {  # in CATEGORY_ORDER
-    "parameter": "#1f77b4",
-    "buffer": "#aec7e8",
-    "optimizer_state": "#9467bd",
-    "gradient": "#ff7f0e",
-    "input": "#8c564b",
-    "activation": "#2ca02c",
-    "temporary": "#d62728",
-    "workspace": "#7f7f7f",
-    "other": "#bcbd22",
-}
 COLUMNS = ("left", "right", "bottom", "top", "cat", "category", "module", "tip", "count")
 NUMERIC = ("left", "right", "bottom", "top", "cat", "count")
 #: the columns the browser gets: numbers travel as binary arrays, only the hover text as strings

@@ -1,10 +1,11 @@
 """``%%xmem`` / ``%xmem`` / ``%xmem_config``: the IPython magics.
 
 The magic runs the cell with the tracer (the cell's ``cuda`` is a virtual device on the CPU),
-shows a progress indicator while it does, and displays two outputs: the interactive widget
-and, separately, a static report (``application/vnd.xmem.report+json`` with an HTML summary)
-that a saved notebook still shows without a kernel. The static report follows the widget:
-when the GPU or batch size changes there, it is updated in place (``update_display``).
+shows a progress indicator while it does, and displays one output that holds both the
+interactive widget's view and a static report (``application/vnd.xmem.report+json`` with an
+HTML summary): JupyterLab shows the widget while the kernel holds it and the report once it is
+gone (``labextension/src/live.ts``). The report follows the widget: when the GPU or batch size
+changes there, it is updated in place (``update_display``).
 """
 
 from __future__ import annotations
@@ -207,13 +208,13 @@ class XmemMagics(Magics):
         from xmem_jupyter.widget import XmemWidget
 
         widget = XmemWidget(est, session=session, gpus=gpus)
-        display(widget)
-        report = display(report_bundle(est, others, largest), raw=True, display_id=True)
+        # one output: the live widget and the report it falls back to (report.report_bundle)
+        result = display(report_bundle(est, others, largest, widget=widget), raw=True, display_id=True)
 
         def follow(new_est) -> None:
             rest = [session.estimate(widget.batch, g, widget.conf) for g in gpus if g != new_est.gpu]
             found = {g: b for (g, c), b in session.largest.items() if c == widget.conf}
-            report.update(report_bundle(new_est, rest, found), raw=True)
+            result.update(report_bundle(new_est, rest, found, widget=widget), raw=True)
 
         widget.on_change = follow
         return None

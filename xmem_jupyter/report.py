@@ -1,19 +1,20 @@
 """The static result: an HTML summary and the ``application/vnd.xmem.report+json`` bundle.
 
-It is a display output of its own, next to the widget, because a saved widget whose kernel
-is gone renders as "model not found" and never falls back to another MIME type: this output
-is what a reader of the saved notebook (or of GitHub's rendering) sees. Every string that
+It travels in the same output as the widget's view (:func:`report_bundle`): a saved widget
+whose kernel is gone renders as "model not found", so this is what a reader of the saved
+notebook (or of GitHub's rendering) sees. Every string that
 comes from the user's code (module names, ops, source lines) goes through ``html.escape``.
 """
 
 from __future__ import annotations
 
 from html import escape
-from typing import Iterable
+from typing import Any, Iterable
 
-from xmem_engine.estimate import REPORT_MIME, Estimate
+from xmem_engine.estimate import REPORT_MIME, Estimate, gib
 
-from xmem_jupyter.flame import CATEGORY_COLORS, human, source_labeler
+from xmem_jupyter.flame import human, source_labeler
+from xmem_jupyter.palette import CATEGORY_COLORS, DEVICE_COLORS, FITS_COLOR, NOFIT_COLOR, palette
 
 STYLE = ("font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13px;"
          "line-height:1.45;max-width:60em")
@@ -22,22 +23,23 @@ STYLE = ("font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13
 def verdict_html(est: Estimate) -> str:
     """The headline (``Estimate.headline``, the words every view shows), a bar of what the
     peak is made of against the GPU's capacity, and the split in words."""
-    colour = "#1a7f37" if est.fits else "#cf222e"
+    colour = FITS_COLOR if est.fits else NOFIT_COLOR
     mark = "&#10004;" if est.fits else "&#10008;"
     cached = max(0, est.reserved_at_peak_bytes - est.peak_allocated_bytes)
-    bar = _bar([("CUDA context", est.context_bytes, "#6e7781"),
-                ("libraries", est.outside_allocator_bytes, "#a0a0a0"),
-                ("allocated", est.peak_allocated_bytes, "#0969da"),
-                ("reserved, unused", max(0, est.peak_reserved_bytes - est.peak_allocated_bytes), "#80b3ff")],
+    bar = _bar([("CUDA context", est.context_bytes, DEVICE_COLORS["context"]),
+                ("libraries", est.outside_allocator_bytes, DEVICE_COLORS["libraries"]),
+                ("allocated", est.peak_allocated_bytes, DEVICE_COLORS["allocated"]),
+                ("reserved, unused", max(0, est.peak_reserved_bytes - est.peak_allocated_bytes),
+                 DEVICE_COLORS["cached"])],
                est.capacity_bytes)
-    oom = ("<div style='color:#cf222e'>the simulated run runs out of memory before it finishes</div>"
+    oom = (f"<div style='color:{NOFIT_COLOR}'>the simulated run runs out of memory before it finishes</div>"
            if est.oom else "")
     return (
         f"<div class='xmem-headline' style='{STYLE}'>"
         f"<div style='font-size:16px'><b style='color:{colour}' class='xmem-verdict'>{mark}</b> "
         f"<span class='xmem-headline-text'>{escape(est.headline)}</span></div>"
         f"{bar}{oom}"
-        f"<div>{escape(est.headline_detail)}; {human(cached)} of the reserved memory is cached but unused "
+        f"<div>{escape(est.headline_detail)}; {gib(cached)} of the reserved memory is cached but unused "
         f"then: fragmentation and cache</div></div>"
     )
 
@@ -82,7 +84,7 @@ def compare_html(ests: Iterable[Estimate]) -> str:
         f"<tr><td>{escape(e.gpu_name)}{'*' if e.backend_caveat else ''}</td>"
         f"<td style='text-align:right'>{human(e.peak_device_bytes)}</td>"
         f"<td style='text-align:right'>{human(e.capacity_bytes)}</td>"
-        f"<td style='color:{'#1a7f37' if e.fits else '#cf222e'}'>{'fits' if e.fits else 'does not fit'}</td></tr>"
+        f"<td style='color:{FITS_COLOR if e.fits else NOFIT_COLOR}'>{'fits' if e.fits else 'does not fit'}</td></tr>"
         for e in ests)
     caveats = [e.backend_caveat for e in ests if e.backend_caveat]
     foot = (f"<div class='xmem-backend-caveat' style='{STYLE};color:#666;font-size:12px'>* {escape(caveats[0])}</div>"
@@ -112,11 +114,24 @@ def summary_html(est: Estimate, others: Iterable[Estimate] = (), max_batch: dict
     return "<div class='xmem-report'>" + "".join(parts) + "</div>"
 
 
-def report_bundle(est: Estimate, others: Iterable[Estimate] = (), max_batch: dict[str, int] | None = None) -> dict:
-    """The MIME bundle for ``display(..., raw=True)``."""
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def report_bundle(est: Estimate, others: Iterable[Estimate] = (), max_batch: dict[str, int] | None = None,
+                  widget: Any = None) -> dict:
+    """The MIME bundle for ``display(..., raw=True)``: the report, and with ``widget`` its view too.
+
+    One output per cell carries both. The lab extension (``labextension/src/live.ts``) shows
+    the widget while its kernel holds it and the report otherwise; other front ends pick one
+    type: widget-aware ones the widget, static renderers (nbconvert, GitHub) the ``text/html``,
+    a terminal the ``text/plain`` line (never the widget's ``XmemWidget(children=...)`` repr).
+    """
     others = list(others)
-    return {REPORT_MIME: est.to_report(), "text/html": summary_html(est, others, max_batch),
-            "text/plain": one_line(est, others)}
+    bundle = {REPORT_MIME: {**est.to_report(), "palette": palette()}, "text/html": summary_html(est, others, max_batch),
+              "text/plain": one_line(est, others)}
+    if widget is not None:
+        bundle[WIDGET_MIME] = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
+    return bundle
 
 
 def one_line(est: Estimate, others: Iterable[Estimate] = ()) -> str:

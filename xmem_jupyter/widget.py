@@ -10,7 +10,7 @@ the browser as Bokeh patches (milliseconds). A batch-size change re-traces (resu
 value) and re-sends the charts whole (``update_from_model``). After patches, the kernel's copy
 of the Bokeh document (``render_bundle``, what a page reloaded against the same kernel draws)
 is refreshed quietly a moment later, without sending it: the browser already shows it. The
-static report next to the widget always follows.
+static report in the same output (``report.report_bundle``) always follows.
 
 The progress indicator runs in a thread of its own; the trace itself runs on the kernel's
 main thread by default (``threaded=False``): the tracer patches ``torch`` process-wide while

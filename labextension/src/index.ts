@@ -1,9 +1,10 @@
 /**
  * xmem-jupyter: a MIME renderer for saved xmem estimates.
  *
- * The `%%xmem` magic writes a static `application/vnd.xmem.report+json` output next to its
- * widget. Widgets need their kernel; this renderer needs nothing but the saved data, so a
- * reopened notebook still shows the estimate (in JupyterLab and Notebook 7).
+ * The `%%xmem` magic writes one output holding its widget's view and a static
+ * `application/vnd.xmem.report+json` report. Widgets need their kernel; this renderer needs
+ * nothing but the saved data, so a reopened notebook still shows the estimate (in JupyterLab
+ * and Notebook 7). In notebooks, `live.ts` adds the renderer that picks between the two.
  *
  * `safe: true`: the renderer is meant to run in untrusted notebooks. It builds its DOM with
  * `textContent` and DOM APIs only (src/render.ts), never parsing HTML from the data, and

@@ -67,6 +67,8 @@ export interface Report {
   top_tensors: TopTensor[];
   notes: string[];
   timeline: ReportTimeline | null;
+  /** CSS custom properties (name -> #rrggbb) from the report's `palette`: the widget's colours. */
+  palette: Array<[string, string]>;
 }
 
 export type ParseResult =
@@ -305,9 +307,42 @@ export function parseReport(data: unknown): ParseResult {
     breakdown_by_module: byteMap(data.breakdown_by_module),
     top_tensors: tensors,
     notes: Array.isArray(data.notes) ? data.notes.map(n => str(n)) : [],
-    timeline: parseTimeline(data.timeline)
+    timeline: parseTimeline(data.timeline),
+    palette: parsePalette(data.palette)
   };
   return { ok: true, report };
+}
+
+const HEX_COLOUR = /^#[0-9a-fA-F]{6}$/;
+
+/**
+ * The report's `palette` (xmem_jupyter/palette.py) as CSS custom properties the stylesheet
+ * reads. Only known names and `#rrggbb` values pass: nothing else from the data reaches CSS.
+ */
+export function parsePalette(value: unknown): Array<[string, string]> {
+  const out: Array<[string, string]> = [];
+  if (!value || typeof value !== 'object' || Array.isArray(value)) {
+    return out;
+  }
+  const groups = value as Record<string, unknown>;
+  const take = (group: string, names: string[], variable: (name: string) => string): void => {
+    const g = groups[group];
+    if (!g || typeof g !== 'object' || Array.isArray(g)) {
+      return;
+    }
+    for (const name of names) {
+      const c = (g as Record<string, unknown>)[name];
+      if (typeof c === 'string' && HEX_COLOUR.test(c)) {
+        out.push([variable(name), c]);
+      }
+    }
+  };
+  take('categories', KNOWN_CATEGORIES, name => `--xmem-c${KNOWN_CATEGORIES.indexOf(name)}`);
+  take('phases', ['forward', 'backward', 'optimizer'], name => `--xmem-phase-${name}`);
+  take('device', ['context', 'libraries', 'allocated', 'cached'], name => `--xmem-dev-${name}`);
+  take('lines', ['allocated', 'reserved', 'capacity', 'peak'], name => `--xmem-line-${name}`);
+  take('verdict', ['fits', 'nofit'], name => `--xmem-${name}`);
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -811,6 +846,9 @@ export function renderReport(data: unknown, doc: Document): HTMLElement {
   const r = parsed.report;
   try {
     const root = el(doc, 'div', `xmem-report ${r.fits ? 'xmem-fits' : 'xmem-nofit'}`);
+    for (const [name, colour] of r.palette) {
+      root.style.setProperty(name, colour);
+    }
     const headline = el(doc, 'div', 'xmem-headline');
     headline.appendChild(el(doc, 'span', 'xmem-verdict', r.fits ? '✔' : '✘'));
     headline.appendChild(el(doc, 'span', 'xmem-headline-text', headlineText(r)));

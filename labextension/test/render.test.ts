@@ -361,3 +361,35 @@ describe('reports this viewer cannot show render a clear message', () => {
     assert.equal(REPORT_MIME, 'application/vnd.xmem.report+json');
   });
 });
+
+describe('the palette the widget used', () => {
+  const palette = {
+    categories: { activation: '#2ca02c', temporary: '#d62728', 'made-up': '#123456' },
+    phases: { forward: '#2ca02c', backward: 'red', optimizer: '#9467bd' },
+    device: { allocated: '#0969da' },
+    lines: { peak: 'url(javascript:alert(1))', capacity: '#cf222e' },
+    verdict: { fits: '#1a7f37' },
+    '--evil': { x: '#000000' }
+  };
+
+  it('becomes CSS custom properties, known names and #rrggbb only', () => {
+    const node = render({ ...example('mlp-rtx4060.json'), palette });
+    const style = node.style;
+    assert.equal(style.getPropertyValue('--xmem-c3'), '#2ca02c'); // activation's slot
+    assert.equal(style.getPropertyValue('--xmem-c4'), '#d62728'); // temporary's slot
+    assert.equal(style.getPropertyValue('--xmem-phase-forward'), '#2ca02c');
+    assert.equal(style.getPropertyValue('--xmem-phase-optimizer'), '#9467bd');
+    assert.equal(style.getPropertyValue('--xmem-phase-backward'), ''); // "red" is not #rrggbb
+    assert.equal(style.getPropertyValue('--xmem-dev-allocated'), '#0969da');
+    assert.equal(style.getPropertyValue('--xmem-line-capacity'), '#cf222e');
+    assert.equal(style.getPropertyValue('--xmem-line-peak'), '');
+    assert.equal(style.getPropertyValue('--xmem-fits'), '#1a7f37');
+    assert.ok(!node.getAttribute('style')!.includes('javascript'));
+    assert.ok(!node.getAttribute('style')!.includes('123456'));
+  });
+
+  it('a report without one keeps the stylesheet colours', () => {
+    assert.equal(render(example('mlp-rtx4060.json')).getAttribute('style'), null);
+    assert.deepEqual(parsed({ ...example('mlp-rtx4060.json'), palette: 'x' }).palette, []);
+  });
+});
