@@ -55,7 +55,7 @@ def test_quiet_one_line_and_namespace(ip, ns, capsys):
     res = _run(ip, "%%xmem --quiet --gpu a100 --gpu T4 -o est\n" + STEP)
     assert res.success, res.error_in_exec
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("xmem: A100-SXM4-40GB: peak") and "T4" in out[0]
+    assert len(out) == 1 and out[0].startswith("xmem: NVIDIA A100-SXM4-40GB: peak") and "Tesla T4" in out[0]
     # what persists: plain values the cell assigned, and -o
     assert ns["answer"] == 42 and ns["label"] == "done" and ns["sizes"] == [1, 2, 3]
     assert ns["est"].gpu == "A100-SXM4-40GB" and ns["est"].fits
@@ -116,7 +116,7 @@ def test_line_magic(ip, ns, capsys):
     ns["torch"] = torch
     res = _run(ip, "%xmem --quiet --gpu t4 torch.randn(1024, 1024, device='cuda').sum()")
     assert res.success, res.error_in_exec
-    assert capsys.readouterr().out.startswith("xmem: T4: peak")
+    assert capsys.readouterr().out.startswith("xmem: Tesla T4: peak")
 
 
 def test_usage_errors(ip, ns, capsys):
@@ -134,11 +134,11 @@ def test_usage_errors(ip, ns, capsys):
 def test_config_and_environment_default_gpu(ip, ns, capsys, monkeypatch):
     monkeypatch.setenv("XMEM_GPU", "T4")
     assert _run(ip, "%%xmem --quiet\nimport torch\na = torch.zeros(10, device='cuda')").success
-    assert capsys.readouterr().out.startswith("xmem: T4:")
+    assert capsys.readouterr().out.startswith("xmem: Tesla T4:")
     _run(ip, "%xmem_config --gpu h100")
     assert "H100-SXM-80GB" in capsys.readouterr().out
     assert _run(ip, "%%xmem --quiet\nimport torch\na = torch.zeros(10, device='cuda')").success
-    assert capsys.readouterr().out.startswith("xmem: H100-SXM-80GB:")
+    assert capsys.readouterr().out.startswith("xmem: NVIDIA H100 80GB HBM3:")
     _run(ip, "%xmem_config --reset")
     capsys.readouterr()
 
@@ -206,7 +206,7 @@ def test_one_result_per_cell_holds_the_widget_and_its_report(ip, ns, monkeypatch
     assert len(results) == 1, [list(b) for b, _ in shown]
     bundle = results[0]
     assert set(bundle) == {"application/vnd.jupyter.widget-view+json", REPORT_MIME, "text/html", "text/plain"}
-    assert bundle["text/plain"].startswith("xmem: T4: peak")
+    assert bundle["text/plain"].startswith("xmem: Tesla T4: peak")
     model_id = bundle["application/vnd.jupyter.widget-view+json"]["model_id"]
     from ipywidgets.widgets.widget import _instances  # ipywidgets 8: live widgets by model id
 

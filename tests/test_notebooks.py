@@ -109,7 +109,7 @@ def _claims(stem: str, nb, code) -> None:
         # max_batch from Python finds what the magic found, GPU by GPU
         assert line("largest batch that fits on T4:").endswith(f": {found['T4']}")
         assert line("largest batch that fits on A100-SXM4-40GB:").endswith(f": {found['A100-SXM4-40GB']}")
-        assert f"largest bs on T4: {found['T4']}" in allout  # the namespace variable: same step, same answer
+        assert f"largest bs on Tesla T4: {found['T4']}" in allout  # the namespace variable: same step, same answer
     elif stem.startswith("03"):
         one = line("one 1-byte tensor")
         assert re.search(r"allocated\s+512 B\s+reserved\s+2\.00 MiB\s+segments 1$", one), one

@@ -201,7 +201,9 @@ class XmemMagics(Magics):
             ns[args.output] = est
         if args.quiet:
             found = (session.searches[(g, session.alloc_conf)] for g in largest)
-            extra = "".join(f" | largest {args.batch_var} on {g}: {s.answer()}" for g, s in zip(largest, found))
+            names = {e.gpu: e.gpu_name for e in (est, *others)}
+            extra = "".join(f" | largest {args.batch_var} on {names.get(g, g)}: {s.answer()}"
+                            for g, s in zip(largest, found))
             print(one_line(est, others) + extra)
             return None
 

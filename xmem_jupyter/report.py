@@ -135,9 +135,9 @@ def report_bundle(est: Estimate, others: Iterable[Estimate] = (), max_batch: dic
 
 
 def one_line(est: Estimate, others: Iterable[Estimate] = ()) -> str:
-    """The ``--quiet`` output: one line, all GPUs."""
+    """The ``--quiet`` output: one line, all GPUs, each by the name every other view uses."""
     parts = []
     for e in [est, *others]:
-        parts.append(f"{e.gpu}: peak {human(e.peak_device_bytes)} of {human(e.capacity_bytes)}, "
+        parts.append(f"{e.gpu_name}: peak {human(e.peak_device_bytes)} of {human(e.capacity_bytes)}, "
                      f"{'fits' if e.fits else 'DOES NOT FIT'}")
     return "xmem: " + " | ".join(parts)
