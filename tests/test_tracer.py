@@ -690,3 +690,23 @@ def test_torch_compile_runs_eagerly_and_says_so(mode):
         'torch.compile(mode="max-autotune")(lambda x: x * 2)', "None"), {}, mode=mode)
     assert [(e.kind, e.bytes) for e in tr.events] == [(e.kind, e.bytes) for e in plain.events]
     assert not any(n.startswith("torch.compile") for n in plain.meta.get("notes", []))
+
+
+# A lazy module moved to the GPU before its first forward materializes its parameters there.
+LAZY = """
+import torch, torch.nn as nn
+m = nn.Sequential(nn.Conv2d(3, 16, 3), nn.Flatten(), nn.LazyLinear(10)).cuda()
+m(torch.randn(8, 3, 32, 32, device="cuda")).sum().backward()
+w = m[2].weight
+where = w.is_cuda, tuple(w.shape), type(w).__name__
+"""
+
+
+@pytest.mark.parametrize("mode", ["auto", "real"])
+def test_a_lazy_module_moved_before_its_first_forward(mode):
+    ns: dict = {}
+    tr = trace(LAZY, ns, mode=mode)
+    assert ns["where"] == (True, (10, 14400), "Parameter")
+    assert [e.category for e in tr.events if e.kind == "alloc" and e.bytes == 10 * 14400 * 4] == ["parameter", "gradient"]
+    if mode == "auto":  # fake tensors cannot stand in for a lazy parameter's .data: real mode, said so
+        assert tr.mode == "real" and "lazy module" in tr.meta["fallback"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch.nn.parameter import UninitializedTensorMixin
 import torch.utils._device as _device_mod
 from torch.overrides import TorchFunctionMode
 
@@ -135,6 +136,10 @@ class DeviceMode(TorchFunctionMode):
         """``.to`` / ``.cuda()`` / ``.cpu()``: a copy when the (virtual) device changes, else
         PyTorch's own rules (no copy unless dtype or memory format change, or ``copy=True``)."""
         tr = self.t
+        if isinstance(t, UninitializedTensorMixin):
+            # A lazy module moved before its first forward: its (empty) placeholder moves, and
+            # the parameter is later materialized where the placeholder is, as on a GPU.
+            t = t.data
         src_gpu = tr.is_gpu(t)
         mf = memory_format if memory_format is not None else torch.preserve_format
         if src_gpu == to_gpu:

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Callable, Iterator
 
 import torch
+from torch.nn.parameter import UninitializedTensorMixin
 
 
 @contextlib.contextmanager
@@ -103,6 +104,11 @@ def module_apply(self: torch.nn.Module, fn: Callable, recurse: bool = True) -> t
         with torch.no_grad():
             applied = fn(param)
         grad = param.grad
+        if isinstance(param, UninitializedTensorMixin):
+            # a lazy module's placeholder stays one (its class is how the module knows to
+            # infer the shape); it moves, and is materialized where it now is
+            param.data = applied
+            continue
         if applied is not param:
             if same_kind(param, applied):
                 param.data = applied
@@ -199,6 +205,21 @@ def skip_init(orig: Callable) -> Callable:
     init.__doc__ = orig.__doc__
     init.__wrapped__ = orig  # type: ignore[attr-defined]
     return init
+
+
+def real_mode_for_lazy_modules(orig: Callable) -> Callable:
+    """Fake mode: a lazy module (``nn.LazyLinear``...) materializes its parameters in its first
+    forward by assigning ``.data`` of a Parameter that is not a fake tensor, which fake tensors
+    cannot stand in for; auto mode then traces the step in real mode (lazy models are small)."""
+    from xmem_engine.tracing.errors import NeedsRealValues
+    from xmem_engine.tracing.frames import user_frame
+
+    def materialize(self: Any, shape: Any, device: Any = None, dtype: Any = None) -> None:
+        raise NeedsRealValues("UninitializedParameter.materialize",
+                              "a lazy module infers its parameters' shapes in its first forward", user_frame())
+
+    materialize.__wrapped__ = orig  # type: ignore[attr-defined]
+    return materialize
 
 
 def loaded_fake_tensor_type() -> type | None:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.utils.data
+from torch.nn.parameter import UninitializedTensorMixin
 
 from xmem_engine.gpus.cuda_libraries import runs_convolutions, target_version
 from xmem_engine.trace import MODES, Mode, Trace
@@ -45,6 +46,7 @@ from xmem_engine.tracing.patches import (
     mkldnn_disabled,
     module_apply,
     patched_attr,
+    real_mode_for_lazy_modules,
     restore_default_device,
     skip_init,
 )
@@ -322,6 +324,8 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
 
             for types_list in (optim_mod._foreach_supported_types, foreach_utils._foreach_supported_types):
                 stack.enter_context(appended(types_list, FakeTensor))
+            stack.enter_context(patched_attr(UninitializedTensorMixin, "materialize",
+                                             real_mode_for_lazy_modules(UninitializedTensorMixin.materialize)))
             for name in INIT_FUNCTIONS:
                 orig = getattr(torch.nn.init, name, None)
                 if orig is not None:

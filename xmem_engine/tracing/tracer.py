@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
+from torch.nn.parameter import UninitializedTensorMixin
 
 from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.trace import ALLOC, EMPTY_CACHE, FREE, ITERATION, PHASE, RECORD_STREAM, RESET_PEAK, Category, Phase, TraceEvent
@@ -190,6 +191,8 @@ class Tracer:
         return i
 
     def is_gpu(self, t: torch.Tensor) -> bool:
+        if isinstance(t, UninitializedTensorMixin):  # a lazy module's placeholder: its data says where
+            t = t.data
         return t.untyped_storage()._cdata in self.live
 
     def current_module(self) -> str:
@@ -217,7 +220,7 @@ class Tracer:
         self.events.append(TraceEvent(ITERATION, iteration=self.iteration, phase=self.phase))
 
     def _upgrade(self, t: torch.Tensor | None, category: Category, module: str = "") -> None:
-        if t is None:
+        if t is None or isinstance(t, UninitializedTensorMixin):  # a lazy placeholder: nothing yet
             return
         rec = self.live.get(t.untyped_storage()._cdata)
         if rec is None or rec.event is None:
