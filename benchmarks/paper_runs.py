@@ -20,6 +20,7 @@ Needs torchvision and transformers (``make bench-setup`` builds ``.venv-bench`` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import csv
 import json
 import os
@@ -160,6 +161,9 @@ class Result:
     context_bytes: int = 0  # xmem's CUDA context for the GPU
     allocator_limit_bytes: int = 0  # what the allocator can get there: total - context - libraries
     xmem_min_alloc_bytes: int | None = None  # least allocator limit the simulated run completes in
+    kind: str = ""  # workload kind (xmem_engine.calibration.workload_kind)
+    scale_bytes: int = 0  # what the run's calibration score is measured in (calibration.scale_bytes)
+    natural_bytes: int = 0  # the natural peak (memory to spare) minus the context: above xmem_bytes near capacity
 
 
 def _f(x: str) -> float | None:
@@ -182,9 +186,13 @@ def run_row(row: dict) -> Result:
     except Exception as e:  # recorded, the benchmark goes on
         err = f"{type(e).__name__}: {e}"[:300]
     seconds = time.perf_counter() - t0
-    least = None
+    least, kind, scale = None, "", 0
     if est is not None:
+        from xmem_engine.calibration import scale_bytes, workload_kind
+
         least = minimum_memory(est) - est.context_bytes - est.outside_allocator_bytes
+        kind = workload_kind(est.trace)
+        scale = scale_bytes(est.trace, kind, est.peak_device_bytes - est.context_bytes)
     return Result(
         experiment=row["experiment"], model=row["model"], optimiser=row["optimiser"],
         batch_size=int(row["batch_size"]), gpu=row["gpu_name"], ground_bytes=int(row["ground_bytes"]),
@@ -196,6 +204,8 @@ def run_row(row: dict) -> Result:
         dnnmem_bytes=_f(row["dnnmem_bytes"]), schedtune_bytes=_f(row["schedtune_bytes"]), error=err,
         total_bytes=est.capacity_bytes if est else 0, context_bytes=est.context_bytes if est else 0,
         allocator_limit_bytes=est.allocator_limit_bytes if est else 0, xmem_min_alloc_bytes=least,
+        kind=kind, scale_bytes=scale,
+        natural_bytes=((est.natural_peak_device_bytes or est.peak_device_bytes) - est.context_bytes) if est else 0,
     )
 
 
@@ -349,6 +359,76 @@ def _say_versions(rows: list[dict]) -> None:
     print(line, flush=True)
 
 
+def measured(rows: list[dict]) -> list[dict]:
+    """Runs that ran (no OOM on the GPU, no xmem error) and carry a calibration scale."""
+    return [r for r in rows if not r.get("real_oom") and not r.get("error") and r.get("scale_bytes")]
+
+
+def score(r: dict) -> float:
+    """A run's calibration score: (measured - estimate) / scale (xmem_engine/calibration.py)."""
+    return (r["ground_bytes"] - r["xmem_bytes"]) / r["scale_bytes"]
+
+
+def calibration_of(rows: list[dict], source: str):
+    from xmem_engine.calibration import calibrate
+
+    return calibrate(((r["kind"], score(r)) for r in measured(rows)), source)
+
+
+def bounds(cal, r: dict) -> tuple[float, float]:
+    """A run's range (bytes, without the context) under calibration ``cal``."""
+    found = cal.for_kind(r["kind"])
+    if found is None:  # no comparable runs: no range
+        return float("-inf"), float("inf")
+    (lo, hi), _ = found
+    return r["xmem_bytes"] + lo * r["scale_bytes"], r["xmem_bytes"] + hi * r["scale_bytes"]
+
+
+def leave_one_model_out(rows: list[dict], totals: dict | None = None) -> str:
+    """Each model's runs against a calibration made without that model: the share measuring
+    above the range's high end, below its low end, and how far above the estimate high lies
+    (also put in ``totals``, when given)."""
+    runs = measured(rows)
+    lines = ["| model | kind | runs | above high | below low | high above the estimate (mean) |",
+             "|---|---|---|---|---|---|"]
+    above = below = 0
+    widths: list[float] = []
+    for model in sorted({r["model"] for r in runs}):
+        cal = calibration_of([r for r in runs if r["model"] != model], "loo")
+        mine = [r for r in runs if r["model"] == model]
+        a = b = 0
+        w = []
+        for r in mine:
+            lo, hi = bounds(cal, r)
+            a += r["ground_bytes"] > hi
+            b += r["ground_bytes"] < lo
+            w.append(hi / r["xmem_bytes"] - 1)
+        above, below, widths = above + a, below + b, widths + w
+        lines.append(f"| {model} | {mine[0]['kind']} | {len(mine)} | {a} | {b} | {100 * sum(w) / len(w):.1f}% |")
+    n = len(runs)
+    if totals is not None:
+        totals.update(runs=n, above_high=round(above / n, 4), below_low=round(below / n, 4),
+                      mean_high_above_estimate=round(sum(widths) / n, 4))
+    lines.append(f"| **all** | | {n} | {above} ({100 * above / n:.1f}%) | {below} ({100 * below / n:.1f}%) | "
+                 f"{100 * sum(widths) / n:.1f}% |")
+    return "\n".join(lines)
+
+
+def near_capacity(rows: list[dict]) -> str:
+    """Runs where the allocator, near the GPU's capacity, freed its cache and retried: which of
+    the two figures, the natural peak or what that GPU shows, each measurement is closer to."""
+    near = [r for r in measured(rows) if r.get("natural_bytes", 0) > r["xmem_bytes"]]
+    lines = ["| run | measured | capacity-limited (this GPU) | natural peak | closer |", "|---|---|---|---|---|"]
+    for r in near:
+        g, c, n = r["ground_bytes"], r["xmem_bytes"], r["natural_bytes"]
+        closer = "capacity-limited" if abs(c - g) < abs(n - g) else "natural" if abs(n - g) < abs(c - g) else "tie"
+        lines.append(f"| {r['model']} {r['optimiser']} bs{r['batch_size']} {r['gpu'][-8:]} | {g / 2**30:.3f} GiB | "
+                     f"{c / 2**30:.3f} GiB | {n / 2**30:.3f} GiB | {closer} |")
+    if not near:
+        lines.append("| (none: no run came close enough to its GPU's capacity to free the cache) | | | | |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", default=str(CSV))
@@ -357,7 +437,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="write per-run results as JSON lines")
     ap.add_argument("--compare", metavar="FILE", help="an earlier --json file: list the runs whose error moved")
     ap.add_argument("--show", action="store_true", help="print the workload code of the first row and exit")
+    ap.add_argument("--loo", metavar="FILE", help="a --json file: the calibrated range checked leave-one-model-out, "
+                    "and the near-capacity runs; no estimates are run")
+    ap.add_argument("--calibrate", nargs=2, metavar=("FILE", "OUT"),
+                    help="a --json file: write the calibration (xmem_engine/data/calibration.json) from its runs")
     args = ap.parse_args(argv)
+    if args.loo or args.calibrate:
+        path = args.loo or args.calibrate[0]
+        rows = [json.loads(line) for line in open(path) if line.strip()]
+        if args.calibrate:
+            cal = calibration_of(rows, f"{len(measured(rows))} runs of the xMem paper's evaluation "
+                                 "(github.com/Stone-ResearchLife/xMem, plot/data/, commit d61e0764; RTX 3060 and "
+                                 f"RTX 4060), estimated by benchmarks/paper_runs.py ({Path(path).name})")
+            totals: dict = {}
+            leave_one_model_out(rows, totals)
+            cal = dataclasses.replace(cal, checked=totals)
+            Path(args.calibrate[1]).write_text(json.dumps(cal.to_json(), indent=2) + "\n")
+            print(json.dumps(cal.to_json(), indent=2))
+        if args.loo:
+            print("Leave one model out: each model's runs against a calibration made without it")
+            print(leave_one_model_out(rows))
+            print()
+            print("Near the GPU's capacity: the measured peak against the two figures")
+            print(near_capacity(rows))
+        return 0
     if not Path(args.csv).exists():
         print(f"no ground truth at {args.csv} (../shared is not here)", file=sys.stderr)
         return 2

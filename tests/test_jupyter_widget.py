@@ -14,7 +14,7 @@ pytest.importorskip("jupyter_bokeh")
 
 from xmem_engine.estimate import REPORT_MIME, BatchSearch  # noqa: E402
 from xmem_jupyter.bokeh_loader import bokeh_loader  # noqa: E402
-from xmem_jupyter.report import report_bundle, summary_html  # noqa: E402
+from xmem_jupyter.report import report_bundle, summary_html, verdict_html  # noqa: E402
 from xmem_jupyter.session import Session, with_expandable  # noqa: E402
 from xmem_jupyter.widget import XmemWidget  # noqa: E402
 
@@ -247,3 +247,19 @@ def test_one_palette_for_every_view(session):
     bundle = report_bundle(session.estimate(32, "A100-SXM4-40GB"))
     assert bundle[REPORT_MIME]["palette"] == palette()
     assert bundle[REPORT_MIME]["palette"]["categories"]["activation"] == CATEGORY_COLORS["activation"]
+
+
+def test_the_timeline_carries_the_calibrated_range(session):
+    from xmem_jupyter.charts import _limits
+    from xmem_jupyter.timeline import build_timeline
+
+    est = session.estimate(32, "A100-SXM4-40GB")
+    if est.peak_range is None:
+        pytest.skip("no calibration (xmem_engine/data/calibration.json)")
+    tl = build_timeline(est, len(est.timeline.event))
+    scale = (1 << 30) if tl.unit == "GiB" else (1 << 20)
+    fixed = est.context_bytes + est.outside_allocator_bytes
+    assert tl.range_low == pytest.approx((est.peak_range.low_bytes - fixed) / scale)
+    assert tl.range_low <= est.peak_reserved_bytes / scale <= tl.range_high <= tl.top
+    assert _limits(tl)["range_high"] == [tl.range_high]
+    assert est.range_text in verdict_html(est)

@@ -468,6 +468,9 @@ def _add_estimate(sub) -> None:
                    help="write the simulated run as a torch.cuda.memory._snapshot() pickle for _memory_viz")
     p.add_argument("--max-batch", metavar="VAR",
                    help="print the largest value of the script's top-level VAR that fits on the GPU")
+    p.add_argument("--safe", action="store_true",
+                   help="judge fitting (and --max-batch) by the calibrated range's high end, not the point "
+                   "estimate: what a scheduler should reserve")
     p.add_argument("--min-memory", action="store_true",
                    help="also find the least device memory the step runs in (min_device_bytes): the "
                    "allocator frees its cache when memory is short, so this is below the natural peak")
@@ -528,7 +531,8 @@ def _cmd_estimate(args) -> int:
     with _running_script("estimate", args.script, args.mode):
         with quiet:
             if args.max_batch:
-                search = max_batch(lambda v: run({**overrides, args.max_batch: str(v)}), start=start)
+                search = max_batch(lambda v: run({**overrides, args.max_batch: str(v)}), start=start,
+                                   safe=args.safe)
                 est = search.estimate
             else:
                 est = run(overrides)
@@ -559,7 +563,9 @@ def _cmd_estimate(args) -> int:
         _print_json(est.to_json())
     else:
         print(est.summary())
-    return EXIT_OK if est.fits else EXIT_MISMATCH
+        if args.safe and est.fits and not est.fits_safely:
+            print(f"  --safe: the range's high end, {est.safe_bytes / 2**30:.2f} GiB, does not fit")
+    return EXIT_OK if (est.fits_safely if args.safe else est.fits) else EXIT_MISMATCH
 
 
 # --------------------------------------------------------------------------- gpus

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 
+from xmem_engine.calibration import PeakRange, peak_range
 from xmem_engine.simulation.alloc_conf import AllocatorConfig, parse_alloc_conf, require_native
 from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.gpus import GPU, get_gpu, load_catalog
@@ -77,6 +78,9 @@ class Estimate:
     allocator_limit_bytes: int = 0  # what cudaMalloc could get: capacity - context - libraries
     min_device_bytes: int | None = None  # least device memory it runs in (minimum_memory); None: not asked
     oom_event: int | None = None  # on this GPU: the event (timeline x) where the run runs out of memory
+    # Near the capacity: the peak with memory to spare, above what this GPU shows (None: the same)
+    natural_peak_device_bytes: int | None = None
+    peak_range: PeakRange | None = None  # the calibrated range around peak_device_bytes (calibration.py)
     trace: Trace | None = field(default=None, repr=False, compare=False)
     # What the simulation read: the GPU's catalog entry, and the trace's events as a CUDA
     # run on that GPU makes them (library workspaces added): the timeline's x axis.
@@ -147,7 +151,27 @@ class Estimate:
             "oom_event": self.oom_event,
             "headline": self.headline,
             "headline_detail": self.headline_detail,
+            "natural_peak_device_bytes": self.natural_peak_device_bytes,
+            "peak_device_bytes_low": self.peak_range.low_bytes if self.peak_range else None,
+            "peak_device_bytes_high": self.peak_range.high_bytes if self.peak_range else None,
+            "range": self.range_text,
         }
+
+    @property
+    def safe_bytes(self) -> int:
+        """The figure to schedule with: the range's high end (the point estimate without a
+        calibration)."""
+        return self.peak_range.high_bytes if self.peak_range else self.peak_device_bytes
+
+    @property
+    def fits_safely(self) -> bool:
+        """Fits with the range's high end too (``--safe``)."""
+        return self.fits and self.safe_bytes <= self.capacity_bytes
+
+    @property
+    def range_text(self) -> str | None:
+        """The range in words (CLI, widget, report), or None without a calibration."""
+        return self.peak_range.describe() if self.peak_range else None
 
     def to_report(self, max_points: int = 2000) -> dict:
         """The saved-notebook report (``application/vnd.xmem.report+json``, schema in
@@ -172,6 +196,8 @@ class Estimate:
         """A few readable lines (the CLI's default output)."""
         gib = 1 << 30
         lines = [self.headline, f"  {self.headline_detail}"]
+        if self.peak_range is not None:
+            lines.append(f"  {self.range_text}")
         if self.min_device_bytes is not None:
             lines.append(f"  runs in as little as {self.min_device_bytes / gib:.2f} GiB: under a tighter cap "
                          "the allocator frees its cache and retries, with no margin for variation")
@@ -335,6 +361,20 @@ def estimate_trace(
         sim.oom = True
     peak_device = target.context_bytes + outside + sim.peak_reserved_bytes
     fits = not sim.oom and peak_device <= target.total_memory_bytes
+    natural = None
+    if not sim.oom and sim.alloc_retries:
+        # Near the capacity the allocator freed its cache and retried: what this GPU shows is
+        # below the step's natural peak (the peak with memory to spare, e.g. on a larger GPU).
+        free = simulate(events, allocator=CachingAllocator(cfg, capacity=None, device_total=target.total_memory_bytes))
+        natural = target.context_bytes + outside + free.peak_reserved_bytes
+        if natural > peak_device:
+            notes = notes + [
+                f"near this GPU's capacity the allocator frees its cache and retries ({sim.alloc_retries} times): "
+                f"nvidia-smi would show {gib(peak_device)} here, where the step's natural peak, with memory to "
+                f"spare, is {gib(natural)}"]
+        else:
+            natural = None
+    rng = peak_range(tr, peak_device, target.context_bytes)
     t1 = time.perf_counter()
     return Estimate(
         gpu=target.key,
@@ -364,6 +404,8 @@ def estimate_trace(
         + ([str(tr.meta["fallback"])] if tr.meta.get("fallback") else []),
         allocator_limit_bytes=limit,
         oom_event=oom_event,
+        natural_peak_device_bytes=natural,
+        peak_range=rng,
         trace=tr,
         target=target,
         simulated_events=events,
@@ -445,8 +487,10 @@ def max_batch(
     *,
     start: int = 1,
     limit: int = SEARCH_LIMIT,
+    safe: bool = False,
 ) -> BatchSearch:
-    """The largest value ``v`` in [1, limit] with ``build(v).fits`` (0 if not even 1 fits).
+    """The largest value ``v`` in [1, limit] with ``build(v).fits`` (0 if not even 1 fits);
+    with ``safe``, with ``build(v).fits_safely``: the calibrated range's high end fits too.
 
     Memory grows with the batch, so: from ``start`` double (or halve) until the answer is
     bracketed, then bisect - about 2 log2(answer / start) estimates, each built once. A
@@ -461,7 +505,7 @@ def max_batch(
     def fits(v: int) -> bool:
         if v not in cache:
             cache[v] = build(v)
-        return cache[v].fits
+        return cache[v].fits_safely if safe else cache[v].fits
 
     def peak(v: int) -> Any:
         return getattr(cache[v], "peak_allocated_bytes", None)

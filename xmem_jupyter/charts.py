@@ -89,6 +89,8 @@ def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
     line.step("x", "reserved", source=lsrc, mode="after", color=LINE_COLORS["reserved"], line_width=2, legend_label="reserved")
     line.step("x", "allocated", source=lsrc, mode="after", color=LINE_COLORS["allocated"], line_width=2, legend_label="allocated")
     limits = ColumnDataSource(_limits(tl))
+    line.hstrip(y0="range_low", y1="range_high", source=limits, fill_color=LINE_COLORS["reserved"], fill_alpha=0.25,
+                line_alpha=0, legend_label="calibrated range of the reserved peak")
     line.hspan(y="capacity", source=limits, line_color=LINE_COLORS["capacity"], line_width=2, legend_label="GPU capacity")
     line.hspan(y="limit", source=limits, line_color=LINE_COLORS["capacity"], line_dash="dotted", line_width=1.5,
                legend_label="allocator limit")
@@ -109,7 +111,8 @@ def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
 
 
 def _limits(tl: TimelineData) -> dict[str, list[float]]:
-    return {"capacity": [tl.capacity], "limit": [tl.allocator_limit]}
+    return {"capacity": [tl.capacity], "limit": [tl.allocator_limit], "range_low": [tl.range_low],
+            "range_high": [tl.range_high]}
 
 
 def _place_oom(oom: Span, label: Label, tl: TimelineData) -> None:

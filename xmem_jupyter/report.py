@@ -32,13 +32,14 @@ def verdict_html(est: Estimate) -> str:
                 ("reserved, unused", max(0, est.peak_reserved_bytes - est.peak_allocated_bytes),
                  DEVICE_COLORS["cached"])],
                est.capacity_bytes)
+    band = (f"<div class='xmem-range'>{escape(est.range_text)}</div>" if est.range_text else "")
     oom = (f"<div style='color:{NOFIT_COLOR}'>the simulated run runs out of memory before it finishes</div>"
            if est.oom else "")
     return (
         f"<div class='xmem-headline' style='{STYLE}'>"
         f"<div style='font-size:16px'><b style='color:{colour}' class='xmem-verdict'>{mark}</b> "
         f"<span class='xmem-headline-text'>{escape(est.headline)}</span></div>"
-        f"{bar}{oom}"
+        f"{bar}{band}{oom}"
         f"<div>{escape(est.headline_detail)}; {gib(cached)} of the reserved memory is cached but unused "
         f"then: fragmentation and cache</div></div>"
     )

@@ -28,6 +28,9 @@ class TimelineData:
     phases: list[tuple[int, int, str]]  # (start, end, phase)
     unit: str
     iterations: list[int]
+    # the calibrated range of the reserved peak (the estimate's range less context and libraries)
+    range_low: float = float("nan")
+    range_high: float = float("nan")
 
 
 def thin(x: np.ndarray, a: np.ndarray, r: np.ndarray, max_points: int) -> np.ndarray:
@@ -50,7 +53,11 @@ def build_timeline(est: Estimate, x_end: int, max_points: int = 4000) -> Timelin
     """The estimate's timeline in one unit for the axis and the limits: GiB once the chart
     reaches 2 GiB (the capacity is always on it), MiB below."""
     tl = est.timeline
-    high = max([est.capacity_bytes, est.allocator_limit_bytes, *tl.reserved, *tl.allocated, 1])
+    rng = est.peak_range
+    fixed = est.context_bytes + est.outside_allocator_bytes
+    band = (rng.low_bytes - fixed, rng.high_bytes - fixed) if rng is not None else None
+    high = max([est.capacity_bytes, est.allocator_limit_bytes, *tl.reserved, *tl.allocated, 1,
+                *(band or ())])
     scale, unit = (float(1 << 30), "GiB") if high > (2 << 30) else (float(1 << 20), "MiB")
     x = np.asarray(tl.event, dtype=np.int64)
     a = np.asarray(tl.allocated, dtype=np.int64)
@@ -73,4 +80,6 @@ def build_timeline(est: Estimate, x_end: int, max_points: int = 4000) -> Timelin
         phases=phases,
         unit=unit,
         iterations=[int(i) for i in tl.iterations],
+        range_low=band[0] / scale if band else float("nan"),
+        range_high=band[1] / scale if band else float("nan"),
     )

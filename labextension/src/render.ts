@@ -67,6 +67,10 @@ export interface Report {
   top_tensors: TopTensor[];
   notes: string[];
   timeline: ReportTimeline | null;
+  /** The calibrated range of the peak device memory, and the range in xmem's words. */
+  peak_device_bytes_low?: number;
+  peak_device_bytes_high?: number;
+  range?: string;
   /** CSS custom properties (name -> #rrggbb) from the report's `palette`: the widget's colours. */
   palette: Array<[string, string]>;
 }
@@ -308,6 +312,9 @@ export function parseReport(data: unknown): ParseResult {
     top_tensors: tensors,
     notes: Array.isArray(data.notes) ? data.notes.map(n => str(n)) : [],
     timeline: parseTimeline(data.timeline),
+    peak_device_bytes_low: optNum('peak_device_bytes_low'),
+    peak_device_bytes_high: optNum('peak_device_bytes_high'),
+    range: optStr('range'),
     palette: parsePalette(data.palette)
   };
   return { ok: true, report };
@@ -611,7 +618,8 @@ export interface TimelineGeometry {
 /** Axis ranges: the limit the allocator may reserve is drawn when it is within reach. */
 export function timelineGeometry(r: Report, tl: ReportTimeline): TimelineGeometry {
   const limit = Math.max(0, r.capacity_bytes - r.context_bytes - r.outside_allocator_bytes);
-  const top = Math.max(maxOf(tl.reserved), maxOf(tl.allocated), 1);
+  const band = (r.peak_device_bytes_high ?? 0) - r.context_bytes - r.outside_allocator_bytes;
+  const top = Math.max(maxOf(tl.reserved), maxOf(tl.allocated), band, 1);
   const limitOnChart = limit <= top * 4;
   const yMax = (limitOnChart ? Math.max(limit, top) : top) * 1.08;
   const xMax = Math.max(tl.event[tl.event.length - 1], (r.n_events ?? 0) - 1, 1);
@@ -722,6 +730,17 @@ export function renderTimeline(r: Report, doc: Document): HTMLElement {
     line.appendChild(svgTitle(doc, `usable by PyTorch: ${formatBytes(g.limit)} (capacity − CUDA context − libraries)`));
     svg.appendChild(line);
     svg.appendChild(svgText(doc, g.left + pw - 4, y - 4, `limit ${formatGiB(g.limit)}`, 'xmem-capacity-label', 'end'));
+  }
+
+  // The calibrated range of the reserved peak: the device range less context and libraries.
+  if (r.peak_device_bytes_low !== undefined && r.peak_device_bytes_high !== undefined) {
+    const fixed = r.context_bytes + r.outside_allocator_bytes;
+    const lo = Math.max(0, r.peak_device_bytes_low - fixed);
+    const hi = Math.min(g.yMax, Math.max(lo, r.peak_device_bytes_high - fixed));
+    const band = svgEl(doc, 'rect', { x: g.left, y: round(Y(hi)), width: pw, height: Math.max(1, round(Y(lo) - Y(hi))) },
+      'xmem-range-band');
+    band.appendChild(svgTitle(doc, `calibrated range of the reserved peak: ${formatBytes(lo)} – ${formatBytes(hi)}`));
+    svg.appendChild(band);
   }
 
   const xs = tl.event.map(X);
@@ -854,6 +873,9 @@ export function renderReport(data: unknown, doc: Document): HTMLElement {
     headline.appendChild(el(doc, 'span', 'xmem-headline-text', headlineText(r)));
     root.appendChild(headline);
     root.appendChild(el(doc, 'div', 'xmem-split', splitText(r)));
+    if (r.range) {
+      root.appendChild(el(doc, 'div', 'xmem-range', r.range));
+    }
     root.appendChild(renderDeviceBar(r, doc));
     if (r.notes.length) {
       const ul = el(doc, 'ul', 'xmem-notes');

@@ -393,3 +393,21 @@ describe('the palette the widget used', () => {
     assert.deepEqual(parsed({ ...example('mlp-rtx4060.json'), palette: 'x' }).palette, []);
   });
 });
+
+describe('the calibrated range', () => {
+  it('is said in words and drawn as a band around the reserved peak', () => {
+    const r = example('mlp-rtx4060.json');
+    const fixed = r.context_bytes + r.outside_allocator_bytes;
+    const node = render({ ...r, peak_device_bytes_low: fixed + r.peak_reserved_bytes * 0.9,
+      peak_device_bytes_high: fixed + r.peak_reserved_bytes * 1.1, range: 'range 0.60-0.70 GiB (other step)' });
+    assert.equal(node.querySelector('.xmem-range')!.textContent, 'range 0.60-0.70 GiB (other step)');
+    const band = node.querySelector('rect.xmem-range-band')!;
+    assert.ok(Number(band.getAttribute('height')) > 1);
+  });
+
+  it('a report without one draws no band', () => {
+    const node = render(example('mlp-rtx4060.json'));
+    assert.equal(node.querySelector('rect.xmem-range-band'), null);
+    assert.equal(node.querySelector('.xmem-range'), null);
+  });
+});
