@@ -369,7 +369,8 @@ def estimate_trace(
         natural = target.context_bytes + outside + free.peak_reserved_bytes
         if natural > peak_device:
             notes = notes + [
-                f"near this GPU's capacity the allocator frees its cache and retries ({sim.alloc_retries} times): "
+                f"near this GPU's capacity the allocator frees its cache and retries "
+                f"({sim.alloc_retries} time{'s' if sim.alloc_retries != 1 else ''}): "
                 f"nvidia-smi would show {gib(peak_device)} here, where the step's natural peak, with memory to "
                 f"spare, is {gib(natural)}"]
         else:

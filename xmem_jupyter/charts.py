@@ -59,6 +59,8 @@ def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
                    title=f"Tensor lifetimes: {fl.n_tensors:,} tensors; height = live memory",
                    y_axis_label=f"live memory ({fl.unit})", toolbar_location="above")
     flame.xaxis.visible = False
+    # room above the stack for the "peak" label (it sits above the bars, not under them)
+    flame.y_range.start, flame.y_range.range_padding = 0, 0.15
     flame.add_layout(Title(text="shading: forward (green), backward (orange), optimizer (purple); dotted: "
                                 "iterations; dashed red: the peak; hover a bar for the tensor",
                            text_font_style="normal", text_font_size="8pt", text_color="#555"), "above")
