@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -46,9 +47,27 @@ _ATTENTION = ("aten._scaled_dot_product", "aten.scaled_dot_product", "aten._soft
 _RNN_MODULES = ("LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell")
 
 
+#: per live trace (by id; traces are unhashable dataclasses), what the range needs of its
+#: events: read once, not on every GPU switch
+_SEEN: dict[int, tuple[str, int]] = {}
+
+
+def _read(trace: Trace) -> tuple[str, int]:
+    key = id(trace)
+    if key not in _SEEN:
+        _SEEN[key] = (_kind(trace), max((e.bytes for e in trace.events if e.kind == ALLOC and e.op.startswith(_CONV)),
+                                        default=0))
+        weakref.finalize(trace, _SEEN.pop, key, None)
+    return _SEEN[key]
+
+
 def workload_kind(trace: Trace) -> str:
     """The kind of step, from the ops that allocated in it: a recurrent layer, else a
     convolution, else attention (softmax or SDPA), else other."""
+    return _read(trace)[0]
+
+
+def _kind(trace: Trace) -> str:
     ops = {e.op for e in trace.events if e.kind == ALLOC}
     types = set((trace.meta.get("module_types") or {}).values())
     if types & set(_RNN_MODULES) or any(op.startswith(_RNN) for op in ops):
@@ -64,7 +83,7 @@ def scale_bytes(trace: Trace, kind: str, estimate_bytes: int) -> int:
     """What a score is measured in: for convolutions the largest tensor one allocates (cuDNN's
     workspace follows the tensors it works on), for the rest the estimate itself."""
     if kind == "convolution":
-        largest = max((e.bytes for e in trace.events if e.kind == ALLOC and e.op.startswith(_CONV)), default=0)
+        largest = _read(trace)[1]
         if largest:
             return largest
     return max(int(estimate_bytes), 1)
