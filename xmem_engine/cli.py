@@ -10,147 +10,32 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import sys
-from typing import Iterator
 
+from xmem_engine.cli_common import (  # noqa: F401  (REPORT_HINT and the errors: part of the CLI's API)
+    EXIT_OK,
+    EXIT_USER_CODE,
+    EXIT_USAGE,
+    EXIT_MISMATCH,
+    MAX_CAPACITY,
+    REPORT_HINT,
+    CLIError,
+    InputError,
+    ScriptFailed,
+    HostMemoryShort,
+    XmemFailed,
+    _check_output,
+    _running_script,
+    _xmem_failed,
+    _print_json,
+    _torch_version_arg,
+    _script_inputs,
+    _batch_value,
+    _check_script,
+    _from_user_code,
+)
 from xmem_engine.trace import MODES
-
-EXIT_OK, EXIT_USER_CODE, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
-MAX_CAPACITY = 1 << 50  # --capacity: 1 PiB, the simulator's largest request (trace.MAX_REQUEST_BYTES)
-REPORT_HINT = "this is a bug in xmem, not in your script: please report it with the command line and the lines above"
-
-
-class CLIError(Exception):
-    """A failure the command has described: its exit code, and its kind for ``--json``."""
-
-    code = EXIT_USAGE
-    kind = "bad_input"
-
-    def json(self) -> dict:
-        return {"ok": False, "error": self.kind, "message": str(self), "exit_code": self.code}
-
-
-class InputError(CLIError):
-    """Bad input from the user (a file, a flag, a config string): exit code 2, before any tracing."""
-
-
-class ScriptFailed(CLIError):
-    """The user's script failed while traced (its traceback is printed): exit code 1."""
-
-    code = EXIT_USER_CODE
-    kind = "script_failed"
-
-    def __init__(self, message: str, status: object = None):
-        super().__init__(message)
-        self.status = status  # the script's own sys.exit status, if that is how it ended
-
-    def json(self) -> dict:
-        return {**super().json(), "script_exit_status": self.status}
-
-
-class HostMemoryShort(CLIError):
-    """Real mode needs more host memory than this machine has to spare: stopped in time, exit 1."""
-
-    code = EXIT_USER_CODE
-    kind = "host_memory"
-
-
-class XmemFailed(CLIError):
-    """xmem itself failed (no frame of the user's code is involved): exit code 1."""
-
-    code = EXIT_USER_CODE
-    kind = "xmem_failed"
-
-
-def _from_user_code(e: BaseException) -> bool:
-    """Did ``e`` pass through a frame of the user's code (not xmem, torch, the standard library)?"""
-    from xmem_engine.tracing.frames import is_user_file
-
-    tb = e.__traceback__
-    while tb is not None:
-        if is_user_file(tb.tb_frame.f_code.co_filename):
-            return True
-        tb = tb.tb_next
-    return False
-
-
-@contextlib.contextmanager
-def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
-    """The one place that turns a traced script's failures into messages and exit codes:
-    a bad ``--set`` is bad input; an op the mode cannot run is xmem's message; the script's
-    own exception shows its traceback (from the user's code on), a syntax error only the
-    offending line; its ``sys.exit(n != 0)`` is a failure with that status; an exception
-    that never passed through the user's code is xmem's own failure."""
-    import os
-    import traceback
-
-    from xmem_engine.overrides import OverrideError
-    from xmem_engine.simulation.alloc_conf import AllocConfError
-    from xmem_engine.tracing import HostMemoryError, UnsupportedOpError, user_traceback_lines
-
-    try:
-        yield
-    except (OverrideError, AllocConfError) as e:
-        raise InputError(str(e)) from None
-    except CLIError:
-        raise
-    except UnsupportedOpError as e:
-        print(f"xmem {command}: {e}", file=sys.stderr)
-        raise ScriptFailed(str(e)) from None
-    except HostMemoryError as e:
-        print(f"xmem {command}: {e}", file=sys.stderr)
-        raise HostMemoryShort(str(e)) from None
-    except SyntaxError as e:
-        if not _from_user_code(e) and os.path.abspath(e.filename or "") != os.path.abspath(script):
-            raise _xmem_failed(command, e) from None
-        print("".join(traceback.format_exception_only(type(e), e)), end="", file=sys.stderr)
-        message = f"{script} has a syntax error (line {e.lineno})"
-        print(f"xmem {command}: {message}", file=sys.stderr)
-        raise ScriptFailed(message) from None
-    except Exception as e:
-        if not _from_user_code(e):
-            raise _xmem_failed(command, e) from None
-        print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
-        message = f"{script} raised {type(e).__name__}: {e} (mode {mode})"
-        print(f"xmem {command}: {script} raised {type(e).__name__} (mode {mode})", file=sys.stderr)
-        raise ScriptFailed(message) from None
-    except SystemExit as e:
-        message = f"{script} exited with status {e.code}"
-        print(f"xmem {command}: {message}", file=sys.stderr)
-        raise ScriptFailed(message, status=e.code) from None
-
-
-def _xmem_failed(command: str, e: BaseException) -> XmemFailed:
-    import traceback
-
-    print("".join(traceback.format_exception(type(e), e, e.__traceback__)), end="", file=sys.stderr)
-    message = f"xmem failed: {type(e).__name__}: {e}"
-    print(f"xmem {command}: {message}\n  {REPORT_HINT}", file=sys.stderr)
-    return XmemFailed(message)
-
-
-def _check_output(path: str | None, flag: str, force: bool, inputs: tuple[str, ...] = ()) -> None:
-    """An output file the command will write: never one of its inputs, in a folder that
-    exists, and not an existing file unless ``--force``. Checked before any work starts."""
-    import os
-
-    if path is None:
-        return
-    if not path.strip():
-        raise InputError(f"{flag}: empty file name")
-    for src in inputs:
-        if os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src):
-            raise InputError(f"{flag} {path}: that is the input {src}; write the output to another file")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InputError(f"{flag} {path}: the folder {folder} does not exist")
-    if os.path.isdir(path):
-        raise InputError(f"{flag} {path}: that is a folder; give a file name")
-    if os.path.exists(path) and not force:
-        raise InputError(f"{flag} {path}: the file exists; pass --force to overwrite it")
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xmem", description=__doc__.splitlines()[0])
@@ -197,10 +82,6 @@ def _alloc_conf(text: str | None):
         return require_native(parse_alloc_conf(text))
     except AllocConfError as e:
         raise InputError(f"--alloc-conf {text!r}: {e}") from None
-
-
-def _print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=False))
 
 
 # --------------------------------------------------------------------------- replay
@@ -342,17 +223,6 @@ def _bytes_arg(text: str) -> int:
     return int(value)
 
 
-def _torch_version_arg(text: str) -> str:
-    """``--torch``: a version xmem can read (checked before any code runs)."""
-    from xmem_engine.gpus.cuda_libraries import target_version
-
-    try:
-        target_version(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
 def _cmd_simulate(args) -> int:
     from xmem_engine.simulation.simulate import simulate
     from xmem_engine.simulation.snapshot import dump_snapshot, make_snapshot
@@ -478,45 +348,21 @@ def _add_estimate(sub) -> None:
     p.set_defaults(func=_cmd_estimate)
 
 
-def _check_script(path: str) -> None:
-    import os
-
-    if not os.path.isfile(path):
-        raise InputError(f"no such script: {path}" + (" (it is a folder)" if os.path.isdir(path) else ""))
-
-
 def _cmd_estimate(args) -> int:
     import os
 
-    from xmem_engine.estimate import DEFAULT_GPU, estimate_script, max_batch, resolve_gpu
-    from xmem_engine.gpus import GPUCatalogError, UnknownGPUError
-    from xmem_engine.overrides import OverrideError, parse_overrides, top_level_value
+    from xmem_engine.estimate import estimate_script, max_batch
 
     # Everything the user gave is checked before the script runs.
-    _check_script(args.script)
-    if args.gpu is not None and not args.gpu.strip():
-        raise InputError("--gpu: empty GPU name; `xmem gpus` lists the names")
-    try:
-        gpu = resolve_gpu(args.gpu or os.environ.get("XMEM_GPU") or DEFAULT_GPU)
-        overrides = parse_overrides(args.overrides)
-    except (UnknownGPUError, GPUCatalogError, OverrideError) as e:
-        raise InputError(str(e)) from None
+    gpu, overrides = _script_inputs(args)
     _alloc_conf(args.alloc_conf)
-    if args.iterations is not None and args.iterations < 1:
-        raise InputError(f"--iterations must be at least 1, not {args.iterations}")
     _check_output(args.events, "--events", args.force, (args.script,))
     _check_output(args.snapshot, "--snapshot", args.force, (args.script,))
     if args.events and args.snapshot and os.path.abspath(args.events) == os.path.abspath(args.snapshot):
         raise InputError(f"--events and --snapshot name the same file ({args.events}); give two files")
     start = None
     if args.max_batch:
-        try:
-            start = top_level_value(args.script, args.max_batch)
-        except (OverrideError, SyntaxError) as e:
-            raise InputError(f"--max-batch {args.max_batch}: {e}") from None
-        if not isinstance(start, int) or isinstance(start, bool) or start < 1:
-            raise InputError(f"--max-batch {args.max_batch}: the script assigns it {start!r}; "
-                             "the search needs a positive integer")
+        start = _batch_value(args.script, args.max_batch, "--max-batch")
         if args.max_batch in overrides:
             raise InputError(f"--max-batch {args.max_batch} and --set {args.max_batch}=...: the search sets "
                              f"{args.max_batch} itself; drop one of them")
@@ -602,4 +448,10 @@ def _cmd_gpus(args) -> int:
     return EXIT_OK
 
 
-_SUBCOMMANDS: list = [_add_estimate, _add_trace, _add_replay, _add_simulate, _add_gpus]
+def _add_advise(sub) -> None:
+    from xmem_engine.cli_advise import add_advise
+
+    add_advise(sub)
+
+
+_SUBCOMMANDS: list = [_add_estimate, _add_advise, _add_trace, _add_replay, _add_simulate, _add_gpus]

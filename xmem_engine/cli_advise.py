@@ -1,0 +1,56 @@
+"""``xmem advise``: what would make a training script fit a GPU (:mod:`xmem_engine.advisor`).
+
+Kept beside ``cli.py``, whose conventions it follows: inputs checked before the script runs
+(exit 2), the script's failures as ``xmem estimate`` reports them (exit 1), 3 when nothing
+measured makes the step fit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from xmem_engine.cli_common import (EXIT_MISMATCH, EXIT_OK, _batch_value, _print_json, _running_script,
+                                    _script_inputs, _torch_version_arg)
+from xmem_engine.trace import MODES
+
+
+def add_advise(sub) -> None:
+    p = sub.add_parser(
+        "advise", help="what would make a CUDA training script fit a GPU: each lever measured on the script",
+        description="Estimate SCRIPT on GPU, then again with each usual change applied without editing it "
+        "(allocator settings, zero_grad(set_to_none=True), for-loop / fused optimizer, autocast, activation "
+        "checkpointing, Adafactor, and with --batch-var gradient accumulation and a smaller batch), and print "
+        "each measured peak, what it costs and the code to change; then the cheapest combination that fits. "
+        "Exit codes: 0 the step fits or a change makes it fit, 3 nothing measured does, 1 the script failed, "
+        "2 bad input.")
+    p.add_argument("script", help="a training script written for CUDA")
+    p.add_argument("--gpu", default=None, help="target GPU (see `xmem gpus`); default: $XMEM_GPU or A100-SXM4-40GB")
+    p.add_argument("--batch-var", metavar="VAR", help="the script's top-level batch-size variable: adds gradient "
+                   "accumulation and a smaller batch")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="VAR=VALUE",
+                   help="override a top-level assignment of the script (repeatable)")
+    p.add_argument("--mode", choices=MODES, default="auto")
+    p.add_argument("--iterations", type=int, metavar="N", help="trace at most N iterations of the training loop")
+    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=_torch_version_arg,
+                   help="estimate for this PyTorch version on the GPU (default: the installed one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_advise)
+
+
+def _cmd_advise(args) -> int:
+    from xmem_engine.advisor import advise
+
+    gpu, overrides = _script_inputs(args)
+    if args.batch_var and args.batch_var not in overrides:
+        _batch_value(args.script, args.batch_var, "--batch-var")
+    quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with _running_script("advise", args.script, args.mode), quiet:
+        advice = advise(args.script, gpu, batch_var=args.batch_var, overrides=overrides, mode=args.mode,
+                        torch_version=args.torch_version, iterations=args.iterations,
+                        progress=lambda m: print(f"xmem advise: measuring {m}", file=sys.stderr, flush=True))
+    if args.json:
+        _print_json(advice.to_json())
+    else:
+        print(advice.summary())
+    return EXIT_OK if advice.baseline.fits or advice.combination else EXIT_MISMATCH

@@ -1,0 +1,202 @@
+"""What every ``xmem`` subcommand shares: exit codes, the errors that become them, how a
+traced script's failures are reported, and the checks of the inputs a script command takes.
+(``cli.py`` holds the commands; ``cli_advise.py`` the ``advise`` command.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Iterator
+
+EXIT_OK, EXIT_USER_CODE, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+MAX_CAPACITY = 1 << 50  # --capacity: 1 PiB, the simulator's largest request (trace.MAX_REQUEST_BYTES)
+REPORT_HINT = "this is a bug in xmem, not in your script: please report it with the command line and the lines above"
+
+
+class CLIError(Exception):
+    """A failure the command has described: its exit code, and its kind for ``--json``."""
+
+    code = EXIT_USAGE
+    kind = "bad_input"
+
+    def json(self) -> dict:
+        return {"ok": False, "error": self.kind, "message": str(self), "exit_code": self.code}
+
+
+class InputError(CLIError):
+    """Bad input from the user (a file, a flag, a config string): exit code 2, before any tracing."""
+
+
+class ScriptFailed(CLIError):
+    """The user's script failed while traced (its traceback is printed): exit code 1."""
+
+    code = EXIT_USER_CODE
+    kind = "script_failed"
+
+    def __init__(self, message: str, status: object = None):
+        super().__init__(message)
+        self.status = status  # the script's own sys.exit status, if that is how it ended
+
+    def json(self) -> dict:
+        return {**super().json(), "script_exit_status": self.status}
+
+
+class HostMemoryShort(CLIError):
+    """Real mode needs more host memory than this machine has to spare: stopped in time, exit 1."""
+
+    code = EXIT_USER_CODE
+    kind = "host_memory"
+
+
+class XmemFailed(CLIError):
+    """xmem itself failed (no frame of the user's code is involved): exit code 1."""
+
+    code = EXIT_USER_CODE
+    kind = "xmem_failed"
+
+
+def _from_user_code(e: BaseException) -> bool:
+    """Did ``e`` pass through a frame of the user's code (not xmem, torch, the standard library)?"""
+    from xmem_engine.tracing.frames import is_user_file
+
+    tb = e.__traceback__
+    while tb is not None:
+        if is_user_file(tb.tb_frame.f_code.co_filename):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+@contextlib.contextmanager
+def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
+    """The one place that turns a traced script's failures into messages and exit codes:
+    a bad ``--set`` is bad input; an op the mode cannot run is xmem's message; the script's
+    own exception shows its traceback (from the user's code on), a syntax error only the
+    offending line; its ``sys.exit(n != 0)`` is a failure with that status; an exception
+    that never passed through the user's code is xmem's own failure."""
+    import os
+    import traceback
+
+    from xmem_engine.overrides import OverrideError
+    from xmem_engine.simulation.alloc_conf import AllocConfError
+    from xmem_engine.tracing import HostMemoryError, UnsupportedOpError, user_traceback_lines
+
+    try:
+        yield
+    except (OverrideError, AllocConfError) as e:
+        raise InputError(str(e)) from None
+    except CLIError:
+        raise
+    except UnsupportedOpError as e:
+        print(f"xmem {command}: {e}", file=sys.stderr)
+        raise ScriptFailed(str(e)) from None
+    except HostMemoryError as e:
+        print(f"xmem {command}: {e}", file=sys.stderr)
+        raise HostMemoryShort(str(e)) from None
+    except SyntaxError as e:
+        if not _from_user_code(e) and os.path.abspath(e.filename or "") != os.path.abspath(script):
+            raise _xmem_failed(command, e) from None
+        print("".join(traceback.format_exception_only(type(e), e)), end="", file=sys.stderr)
+        message = f"{script} has a syntax error (line {e.lineno})"
+        print(f"xmem {command}: {message}", file=sys.stderr)
+        raise ScriptFailed(message) from None
+    except Exception as e:
+        if not _from_user_code(e):
+            raise _xmem_failed(command, e) from None
+        print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
+        message = f"{script} raised {type(e).__name__}: {e} (mode {mode})"
+        print(f"xmem {command}: {script} raised {type(e).__name__} (mode {mode})", file=sys.stderr)
+        raise ScriptFailed(message) from None
+    except SystemExit as e:
+        message = f"{script} exited with status {e.code}"
+        print(f"xmem {command}: {message}", file=sys.stderr)
+        raise ScriptFailed(message, status=e.code) from None
+
+
+def _xmem_failed(command: str, e: BaseException) -> XmemFailed:
+    import traceback
+
+    print("".join(traceback.format_exception(type(e), e, e.__traceback__)), end="", file=sys.stderr)
+    message = f"xmem failed: {type(e).__name__}: {e}"
+    print(f"xmem {command}: {message}\n  {REPORT_HINT}", file=sys.stderr)
+    return XmemFailed(message)
+
+
+def _check_output(path: str | None, flag: str, force: bool, inputs: tuple[str, ...] = ()) -> None:
+    """An output file the command will write: never one of its inputs, in a folder that
+    exists, and not an existing file unless ``--force``. Checked before any work starts."""
+    import os
+
+    if path is None:
+        return
+    if not path.strip():
+        raise InputError(f"{flag}: empty file name")
+    for src in inputs:
+        if os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src):
+            raise InputError(f"{flag} {path}: that is the input {src}; write the output to another file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InputError(f"{flag} {path}: the folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise InputError(f"{flag} {path}: that is a folder; give a file name")
+    if os.path.exists(path) and not force:
+        raise InputError(f"{flag} {path}: the file exists; pass --force to overwrite it")
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def _torch_version_arg(text: str) -> str:
+    """``--torch``: a version xmem can read (checked before any code runs)."""
+    from xmem_engine.gpus.cuda_libraries import target_version
+
+    try:
+        target_version(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _script_inputs(args) -> tuple:
+    """The script, GPU, ``--set`` and ``--iterations`` of ``estimate`` / ``advise``, checked."""
+    import os
+
+    from xmem_engine.estimate import DEFAULT_GPU, resolve_gpu
+    from xmem_engine.gpus import GPUCatalogError, UnknownGPUError
+    from xmem_engine.overrides import OverrideError, parse_overrides
+
+    _check_script(args.script)
+    if args.gpu is not None and not args.gpu.strip():
+        raise InputError("--gpu: empty GPU name; `xmem gpus` lists the names")
+    try:
+        gpu = resolve_gpu(args.gpu or os.environ.get("XMEM_GPU") or DEFAULT_GPU)
+        overrides = parse_overrides(args.overrides)
+    except (UnknownGPUError, GPUCatalogError, OverrideError) as e:
+        raise InputError(str(e)) from None
+    if args.iterations is not None and args.iterations < 1:
+        raise InputError(f"--iterations must be at least 1, not {args.iterations}")
+    return gpu, overrides
+
+
+def _batch_value(script: str, var: str, flag: str) -> int:
+    """The positive integer the script assigns ``var`` at top level (bad input otherwise)."""
+    from xmem_engine.overrides import OverrideError, top_level_value
+
+    try:
+        value = top_level_value(script, var)
+    except (OverrideError, SyntaxError) as e:
+        raise InputError(f"{flag} {var}: {e}") from None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InputError(f"{flag} {var}: the script assigns it {value!r}; a positive integer is needed")
+    return value
+
+
+def _check_script(path: str) -> None:
+    import os
+
+    if not os.path.isfile(path):
+        raise InputError(f"no such script: {path}" + (" (it is a folder)" if os.path.isdir(path) else ""))
