@@ -710,3 +710,39 @@ def test_a_lazy_module_moved_before_its_first_forward(mode):
     assert [e.category for e in tr.events if e.kind == "alloc" and e.bytes == 10 * 14400 * 4] == ["parameter", "gradient"]
     if mode == "auto":  # fake tensors cannot stand in for a lazy parameter's .data: real mode, said so
         assert tr.mode == "real" and "lazy module" in tr.meta["fallback"]
+
+
+# Checkpointed attention under autocast: backward's recomputation calls SDPA while the tracer's
+# device mode is off (backward runs from inside its handler); it must take the same backend as
+# forward did, or torch.utils.checkpoint finds other tensors saved ("different metadata").
+CHECKPOINTED_SDPA = """
+import torch, torch.nn as nn, torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln, self.qkv = nn.LayerNorm(64), nn.Linear(64, 192)
+    def forward(self, x):
+        q, k, v = self.qkv(self.ln(x)).view(2, 16, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        return x + F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 16, 64)
+
+blocks = nn.ModuleList([Block(), Block()]).cuda()
+x = torch.randn(2, 16, 64, device="cuda", requires_grad=True)
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    for b in blocks:
+        x = checkpoint(b, x, use_reentrant=False)
+    loss = x.float().sum()
+loss.backward()
+"""
+
+
+def test_checkpointed_attention_under_autocast_recomputes_alike():
+    from xmem_engine.gpus import load_catalog
+
+    runs = {}
+    for mode in ("fake", "real"):
+        tr = trace(CHECKPOINTED_SDPA, {}, mode=mode, device=load_catalog()["H100-SXM-80GB"].properties())
+        runs[mode] = [(e.kind, e.bytes, e.op) for e in tr.events if e.kind in ("alloc", "free")]
+    assert runs["fake"] == runs["real"]
+    assert sum(op.startswith("aten._flash_attention_forward") for _, _, op in runs["real"]) >= 4  # 2 + 2 recomputed
