@@ -748,3 +748,24 @@ def test_checkpointed_attention_under_autocast_recomputes_alike():
     # a fused backend (flash; cuDNN with a CUDA build's cuDNN on sm90), twice and twice again
     fused = ("aten._flash_attention_forward", "aten._cudnn_attention_forward", "aten._efficient_attention_forward")
     assert sum(op.startswith(fused) for _, _, op in runs["real"]) >= 4
+
+
+# nn.MultiheadAttention runs F.multi_head_attention_forward through torch-function dispatch,
+# inside which the device mode is off: its scaled_dot_product_attention still takes the GPU's
+# fused backend, as on a GPU (it took PyTorch's CPU kernel before).
+MHA = """
+import torch
+mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).cuda()
+x = torch.randn(8, 128, 64, device="cuda", requires_grad=True)
+mha(x, x, x, need_weights=False)[0].sum().backward()
+"""
+
+
+def test_multihead_attention_takes_the_gpu_backend():
+    from xmem_engine.gpus import load_catalog
+
+    for mode in ("fake", "real"):
+        tr = trace(MHA, {}, mode=mode, device=load_catalog()["A100-SXM4-40GB"].properties())
+        ops = [e.op for e in tr.events if e.kind == "alloc"]
+        assert any(op.startswith(("aten._flash_attention_forward", "aten._efficient_attention_forward"))
+                   for op in ops), (mode, sorted(set(ops)))
