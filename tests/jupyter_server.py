@@ -83,3 +83,14 @@ def jupyter_server(tmp: Path, root_dir: Path, app: str = "jupyterlab", kernels: 
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def run_all_in_lab(page, base: str, token: str, notebook: str, timeout_ms: int = 90_000) -> None:
+    """Open ``notebook`` in JupyterLab (a fresh workspace), wait for its kernel, run every cell."""
+    page.goto(f"{base}/lab/workspaces/xmem-{secrets.token_hex(4)}/tree/{notebook}?reset&token={token}")
+    page.wait_for_function(
+        """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+                   const k = w && w.sessionContext && w.sessionContext.session
+                             && w.sessionContext.session.kernel;
+                   return k && k.status === 'idle'; }""", timeout=timeout_ms)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")

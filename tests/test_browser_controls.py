@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from pathlib import Path
 
 import pytest
 
-from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium
+from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium, run_all_in_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
@@ -98,13 +97,7 @@ def test_controls_lines_and_limits_in_jupyterlab(lab):
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 1400})
         try:
-            page.goto(f"{base}/lab/workspaces/xmem-{secrets.token_hex(4)}/tree/controls.ipynb?reset&token={token}")
-            page.wait_for_function(
-                """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-                           const k = w && w.sessionContext && w.sessionContext.session
-                                     && w.sessionContext.session.kernel;
-                           return k && k.status === 'idle'; }""", timeout=90_000)
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            run_all_in_lab(page, base, token, "controls.ipynb")
             page.wait_for_function(
                 """(sel) => { const p = document.querySelectorAll(sel);
                               return p.length === 5 && Array.from(p).every(x => /\\[\\d+\\]/.test(x.innerText)); }""",

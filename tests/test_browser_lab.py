@@ -8,13 +8,12 @@ skips and says why.
 
 from __future__ import annotations
 
-import secrets
 import shutil
 from pathlib import Path
 
 import pytest
 
-from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium
+from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium, run_all_in_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
@@ -89,13 +88,7 @@ def test_quickstart_in_jupyterlab(lab):
         console: list[str] = []
         page.on("console", lambda m: console.append(f"{m.type}: {m.text}"[:500]))
         try:
-            page.goto(f"{base}/lab/workspaces/xmem-{secrets.token_hex(4)}/tree/{NOTEBOOK.name}?reset&token={token}")
-            page.wait_for_function(
-                """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-                           const k = w && w.sessionContext && w.sessionContext.session
-                                     && w.sessionContext.session.kernel;
-                           return k && k.status === 'idle'; }""", timeout=90_000)
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            run_all_in_lab(page, base, token, NOTEBOOK.name)
 
             # JupyterLab 4 skips rendering cells outside the viewport (content-visibility), and
             # Bokeh draws only what is laid out: bring a widget into view before looking at it

@@ -29,6 +29,7 @@ import torch
 
 from xmem_engine.estimate import Estimate, estimate_trace, max_batch, resolve_gpu
 from xmem_engine.gpus import GPU
+from xmem_engine.tracing.patches import patched_attr
 
 
 @dataclass(frozen=True)
@@ -106,16 +107,6 @@ class Advice:
 
 # --------------------------------------------------------------------------- the patches
 
-@contextlib.contextmanager
-def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
-    old = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, old)
-
-
 def _outermost(wrap: Callable[[torch.nn.Module, Callable, tuple, dict], Any]) -> contextlib.AbstractContextManager:
     """Patch ``nn.Module.__call__`` so that ``wrap`` runs around each outermost module call."""
     orig = torch.nn.Module.__call__
@@ -131,7 +122,7 @@ def _outermost(wrap: Callable[[torch.nn.Module, Callable, tuple, dict], Any]) ->
         finally:
             depth[0] -= 1
 
-    return _patched(torch.nn.Module, "__call__", call)
+    return patched_attr(torch.nn.Module, "__call__", call)
 
 
 @contextlib.contextmanager
@@ -166,8 +157,8 @@ def autocast_patch(gpu: GPU) -> Iterator[None]:
         return autograd_backward(*args, **kwargs)
 
     try:
-        with _outermost(wrap), _patched(torch.Tensor, "backward", backward_t), \
-                _patched(torch.autograd, "backward", backward_a):
+        with _outermost(wrap), patched_attr(torch.Tensor, "backward", backward_t), \
+                patched_attr(torch.autograd, "backward", backward_a):
             yield
     finally:
         close()
@@ -248,7 +239,7 @@ def _optimizer_patch(change: Callable[[torch.optim.Optimizer], None]) -> context
         orig(self, *args, **kwargs)
         change(self)
 
-    return _patched(torch.optim.Optimizer, "__init__", init)
+    return patched_attr(torch.optim.Optimizer, "__init__", init)
 
 
 def _set_group(key: str, value: Any, off: str | None = None) -> Callable[[torch.optim.Optimizer], None]:
@@ -277,7 +268,7 @@ def adafactor_patch(gpu: GPU) -> Iterator[None]:
     def factory(params: Any, lr: float = 1e-2, weight_decay: float = 0.0, **_: Any) -> torch.optim.Optimizer:
         return torch.optim.Adafactor(params, lr=lr if isinstance(lr, float) else 1e-2, weight_decay=weight_decay)
 
-    with _patched(torch.optim, "Adam", factory), _patched(torch.optim, "AdamW", factory):
+    with patched_attr(torch.optim, "Adam", factory), patched_attr(torch.optim, "AdamW", factory):
         yield
 
 
@@ -291,7 +282,7 @@ def set_to_none_patch(gpu: GPU) -> Iterator[None]:
     def mod(self: torch.nn.Module, set_to_none: bool = True) -> None:
         mod_zero(self, set_to_none=True)
 
-    with _patched(torch.optim.Optimizer, "zero_grad", opt), _patched(torch.nn.Module, "zero_grad", mod):
+    with patched_attr(torch.optim.Optimizer, "zero_grad", opt), patched_attr(torch.nn.Module, "zero_grad", mod):
         yield
 
 
@@ -407,9 +398,8 @@ def _combine(advice: Advice, run: Callable, overrides: dict[str, str], batch_var
     useful = sorted((m for m in advice.levers if m.applicable and not m.error
                      and m.peak_device_bytes < advice.baseline.peak_device_bytes),
                     key=lambda m: (m.lever.rank, m.peak_device_bytes))
-    single = [m for m in useful if m.fits]
-    if single:
-        best = min(single, key=lambda m: (m.lever.rank, m.peak_device_bytes))
+    best = next((m for m in useful if m.fits), None)  # useful is in (rank, peak) order
+    if best is not None:
         advice.combination, advice.combination_peak_bytes = [best.lever.name], best.peak_device_bytes
         return
     chosen: list[Lever] = []

@@ -31,6 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from xmem_engine.gpus.cuda_libraries import CONV_OP_PREFIXES as _CONV
 from xmem_engine.trace import ALLOC, Trace
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "data" / "calibration.json"
@@ -39,7 +40,6 @@ RELATIVE_KINDS = ("recurrent", "attention", "other")  # scored relative to the e
 ALPHA = 0.05  # at most this share of runs above the range (and as many below)
 MIN_RUNS = 20  # a kind with fewer calibration runs borrows the pooled quantiles
 
-_CONV = ("aten.convolution", "aten._convolution", "aten.cudnn_convolution")
 _RNN = ("aten.lstm", "aten.gru", "aten.rnn_tanh", "aten.rnn_relu", "aten._thnn_fused", "aten.lstm_cell",
         "aten.gru_cell", "aten._cudnn_rnn", "aten.mkldnn_rnn")
 _ATTENTION = ("aten._scaled_dot_product", "aten.scaled_dot_product", "aten._softmax", "aten.softmax",
