@@ -60,13 +60,12 @@ def run_one(path: str, gpu: str) -> dict:
     return row
 
 
-def run_child(path: Path, gpu: str, host_memory: str, timeout: float) -> dict:
-    """Run :func:`run_one` in a child process; add its wall time and peak RSS."""
-    env = dict(os.environ, XMEM_HOST_MEMORY=host_memory, PYTHONPATH=str(ROOT))
+def run_measured(cmd: list[str], env: dict, cwd: str, timeout: float) -> tuple[int, str, str, float, int | None]:
+    """Run ``cmd``; return its exit code, stdout, the tail of stderr, wall seconds and peak RSS
+    (``wait4``'s ``ru_maxrss``, bytes). Killed after ``timeout`` seconds."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
-        p = subprocess.Popen([sys.executable, __file__, "--one", str(path), "--gpu", gpu],
-                             stdout=out, stderr=err, env=env, cwd=str(ZOO))
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd)
         deadline = start + timeout
         status, usage = None, None
         while status is None:
@@ -78,16 +77,23 @@ def run_child(path: Path, gpu: str, host_memory: str, timeout: float) -> dict:
                 _, status, usage = os.wait4(p.pid, 0)
             else:
                 time.sleep(0.05)
-        p.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.perf_counter() - start
         out.seek(0)
         err.seek(0)
-        rows = [json.loads(line[len(MARK):]) for line in out.read().splitlines() if line.startswith(MARK)]
-        tail = err.read()[-2000:]
+        rss = usage.ru_maxrss * 1024 if usage is not None else None
+        return os.waitstatus_to_exitcode(status), out.read(), err.read()[-2000:], seconds, rss
+
+
+def run_child(path: Path, gpu: str, host_memory: str, timeout: float) -> dict:
+    """Run :func:`run_one` in a child process; add its wall time and peak RSS."""
+    env = dict(os.environ, XMEM_HOST_MEMORY=host_memory, PYTHONPATH=str(ROOT))
+    code, out, tail, seconds, rss = run_measured([sys.executable, __file__, "--one", str(path), "--gpu", gpu],
+                                                 env, str(ZOO), timeout)
+    rows = [json.loads(line[len(MARK):]) for line in out.splitlines() if line.startswith(MARK)]
     row = rows[-1] if rows else {"script": path.name, "exit": 1,
-                                 "error": f"child ended with {p.returncode} and no result: {tail.strip().splitlines()[-1:]}"}
+                                 "error": f"child ended with {code} and no result: {tail.strip().splitlines()[-1:]}"}
     row["seconds"] = round(seconds, 1)
-    row["peak_rss_bytes"] = usage.ru_maxrss * 1024 if usage is not None else None
+    row["peak_rss_bytes"] = rss
     return row
 
 

@@ -26,7 +26,7 @@ def by_hand(lever: str, detail: str) -> tuple[dict[str, str], str | None]:
         return {"ACCUM": lever.rsplit("x", 1)[1]}, None
     if lever == "expandable segments":
         return {}, "expandable_segments:True"
-    if lever == "smaller batch":
+    if lever == "largest batch that fits":
         return {"batch_size": detail.rsplit("= ", 1)[1]}, None
     raise AssertionError(f"no hand-made version of {lever!r} in these scripts")
 
@@ -74,5 +74,5 @@ def test_cli_advise_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["fits"] is False and out["combination"]
     names = [lv["lever"] for lv in out["levers"]]
-    assert {"expandable segments", "activation checkpointing", "gradient accumulation x2", "smaller batch"} <= set(names)
+    assert {"expandable segments", "activation checkpointing", "gradient accumulation x2", "largest batch that fits"} <= set(names)
     assert main(["advise", str(SCRIPTS / "transformer.py"), "--gpu", GPU, "--batch-var", "seq_len"]) == 2

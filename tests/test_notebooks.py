@@ -138,6 +138,17 @@ def _claims(stem: str, nb, code) -> None:
         assert not any("autocast" in n and "not" in n for n in amp["notes"])  # autocast is traced
         share = line("autocast fp16: peak")
         assert f"{amp['peak_device_bytes'] / base['peak_device_bytes']:.0%}" in share
+        # "What would make it fit": the advice in the report, and what the prose says of it
+        advice = reports[4]["advice"]
+        assert not advice["fits"] and advice["batch"] == 32  # "this one does not fit the T4"
+        assert line("cheapest change that fits:").endswith(": " + " + ".join(advice["combination"]))
+        share = {lv["lever"]: lv["peak_device_bytes"] / advice["peak_device_bytes"] for lv in advice["levers"]
+                 if lv["peak_device_bytes"] is not None}
+        for name, value in share.items():
+            assert line(f"{name}: ").endswith(f", {value:.0%} of as written"), name
+        assert share["activation checkpointing"] < 0.5 and share["gradient accumulation x2"] < 0.6  # "cut"
+        assert 0.9 < share["autocast float16"] < 1.05  # "barely moves this step"
+        assert share["Adafactor instead of Adam(W)"] > 0.99  # "nothing at the peak"
     elif stem.startswith("05"):
         table = [x for x in lines if re.match(r"^\s+\d+\s+[\d.]+ GiB", x)]
         assert len(table) == 5, allout

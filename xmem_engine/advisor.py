@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -56,6 +57,7 @@ class Measured:
     applicable: bool = True
     detail: str = ""  # e.g. "batch 24" or "no repeated blocks to checkpoint"
     error: str = ""
+    estimate: Estimate | None = field(default=None, repr=False)  # for showing it (not in JSON)
 
     def to_json(self) -> dict:
         return {"lever": self.lever.name, "change": self.lever.change, "cost": self.lever.cost,
@@ -71,17 +73,25 @@ class Advice:
     levers: list[Measured] = field(default_factory=list)
     combination: list[str] = field(default_factory=list)
     combination_peak_bytes: int | None = None
+    alloc_conf: str = ""  # the step's own allocator setting, which the levers add to
+    batch_var: str | None = None
+    batch: int | None = None
+    combination_estimate: Estimate | None = field(default=None, repr=False)
 
     def to_json(self) -> dict:
         b = self.baseline
         return {"gpu": b.gpu, "gpu_name": b.gpu_name, "capacity_bytes": b.capacity_bytes,
-                "peak_device_bytes": b.peak_device_bytes, "fits": b.fits,
+                "peak_device_bytes": b.peak_device_bytes, "fits": b.fits, "alloc_conf": self.alloc_conf,
+                "batch_var": self.batch_var, "batch": self.batch,
                 "levers": [m.to_json() for m in self.levers],
                 "combination": self.combination, "combination_peak_bytes": self.combination_peak_bytes}
 
     def summary(self) -> str:
         b, gib = self.baseline, 1 << 30
-        lines = [b.headline, "", f"{'lever':38s} {'peak':>10s}  {'':13s} cost"]
+        setting = [f"{self.batch_var} = {self.batch}"] if self.batch_var and self.batch else []
+        setting += [f"PYTORCH_CUDA_ALLOC_CONF={self.alloc_conf}"] if self.alloc_conf else []
+        lines = [b.headline + (f" ({', '.join(setting)})" if setting else ""), "",
+                 f"{'lever':38s} {'peak':>10s}  {'':30s} cost"]
         for m in self.levers:
             if m.error:
                 peak, verdict = "", f"not measured: {m.error}"
@@ -90,7 +100,7 @@ class Advice:
             else:
                 peak = f"{m.peak_device_bytes / gib:.2f} GiB"
                 verdict = ("fits" if m.fits else "does not fit") + (f" ({m.detail})" if m.detail else "")
-            lines.append(f"{m.lever.name:38s} {peak:>10s}  {verdict:13s} {m.lever.cost}")
+            lines.append(f"{m.lever.name:38s} {peak:>10s}  {verdict:30s} {m.lever.cost}")
         lines.append("")
         if b.fits:
             lines.append("the step already fits; the levers above show what each would save")
@@ -191,29 +201,64 @@ def repeated_blocks(root: torch.nn.Module) -> list[torch.nn.Module]:
 def checkpoint_patch(gpu: GPU) -> Iterator[dict]:
     """Each repeated block of the outermost module called under grad runs through
     ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``: it keeps its inputs and
-    recomputes its activations in backward."""
-    from torch.utils.checkpoint import checkpoint
+    recomputes its activations in backward. ``state["own"]`` counts the checkpoints the step
+    makes itself (e.g. transformers' ``gradient_checkpointing_enable()``): such a step already
+    has this lever, and wrapping its blocks again would checkpoint them twice."""
+    import torch.utils.checkpoint as ckpt
 
-    state: dict = {"blocks": 0}
+    state: dict = {"blocks": 0, "own": 0}
     wrapped: list[torch.nn.Module] = []
+    ours = [False]  # the next checkpoint call is one of ours
+
+    def ours_first(forward: Callable) -> Callable:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if _inside(ckpt.__file__):  # the step's own checkpoint runs this block: not twice
+                state["own"] += 1
+                return forward(*args, **kwargs)
+            ours[0] = True
+            return ckpt.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return run
+
+    def counted(orig: Callable) -> Callable:
+        # both of checkpoint()'s paths look these up in the module when called, so calls through
+        # a checkpoint function bound before the trace (functools.partial) are counted too
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if ours[0]:
+                ours[0] = False
+            else:
+                state["own"] += 1
+            return orig(*args, **kwargs)
+        return call
 
     def wrap(module: torch.nn.Module, call: Callable, args: tuple, kwargs: dict) -> Any:
         # the first outermost module with repeated blocks, called under grad, is the model; a
         # block's recomputation in backward calls its layers outside any module: left alone
         if not wrapped and torch.is_grad_enabled() and torch._C._current_autograd_node() is None:
             for block in repeated_blocks(module):
-                forward = block.forward
-                block.forward = functools.partial(checkpoint, forward, use_reentrant=False)  # type: ignore[method-assign]
+                block.forward = ours_first(block.forward)  # type: ignore[method-assign]
                 wrapped.append(block)
             state["blocks"] = len(wrapped)
         return call(*args, **kwargs)
 
+    generator = ckpt._checkpoint_without_reentrant_generator
+    apply = ckpt.CheckpointFunction.apply
     try:
-        with _outermost(wrap):
+        with _outermost(wrap), patched_attr(ckpt, "_checkpoint_without_reentrant_generator", counted(generator)), \
+                patched_attr(ckpt.CheckpointFunction, "apply", counted(apply)):
             yield state
     finally:
         for block in wrapped:
             block.__dict__.pop("forward", None)
+
+
+def _inside(filename: str) -> bool:
+    """Whether a caller's frame runs code of ``filename``."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename == filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def accumulation_patch(gpu: GPU) -> contextlib.AbstractContextManager:
@@ -264,11 +309,25 @@ def fused_patch(gpu: GPU) -> contextlib.AbstractContextManager:
 def adafactor_patch(gpu: GPU) -> Iterator[None]:
     """``torch.optim.Adam`` / ``AdamW`` built as ``torch.optim.Adafactor`` (factored second
     moments, no first moment): the optimizer state shrinks from two tensors per parameter to
-    a row and a column per matrix."""
-    def factory(params: Any, lr: float = 1e-2, weight_decay: float = 0.0, **_: Any) -> torch.optim.Optimizer:
-        return torch.optim.Adafactor(params, lr=lr if isinstance(lr, float) else 1e-2, weight_decay=weight_decay)
+    a row and a column per matrix. Swapped in ``__init__`` (the new object becomes an
+    Adafactor), so a class imported before the trace (``from torch.optim import AdamW`` in an
+    earlier notebook cell) is swapped too."""
+    import inspect
 
-    with patched_attr(torch.optim, "Adam", factory), patched_attr(torch.optim, "AdamW", factory):
+    def swapped(cls: type) -> Callable:
+        signature = inspect.signature(cls.__init__)
+
+        def init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+            given = signature.bind(self, *args, **kwargs).arguments
+            lr = given.get("lr", 1e-2)
+            self.__class__ = torch.optim.Adafactor
+            torch.optim.Adafactor.__init__(self, given["params"], lr=lr if isinstance(lr, float) else 1e-2,
+                                           weight_decay=float(given.get("weight_decay", 0.0)))
+        return init
+
+    with contextlib.ExitStack() as stack:
+        for cls in (torch.optim.Adam, torch.optim.AdamW):
+            stack.enter_context(patched_attr(cls, "__init__", swapped(cls)))
         yield
 
 
@@ -315,16 +374,29 @@ def levers(gpu: GPU, batch_var: str | None) -> list[Lever]:
                              f"{batch_var} //= {k}; accumulate {k} micro-batches: (loss / {k}).backward(), "
                              f"optimizer.step() every {k}", f"{k}x the steps per update (same effective batch)",
                              4 + k // 2, batch_divisor=k, patch=accumulation_patch))
-        out.append(Lever("smaller batch", f"{batch_var} = <the largest that fits>", "changes training: a smaller "
-                         "effective batch", 7, smaller_batch=True))
+        out.append(Lever("largest batch that fits", f"{batch_var} = <the largest that fits>",
+                         "changes training: another effective batch", 7, smaller_batch=True))
     return out
 
 
 # --------------------------------------------------------------------------- measuring
 
+Runner = Callable[[list[Lever], "int | None", str], "tuple[Estimate, dict]"]
+"""``run(levers, batch, alloc_conf)``: the step traced with the levers' patches in place and
+its batch variable set to ``batch`` (None: as written), estimated with ``alloc_conf``; returns
+the estimate and what the patches reported (``checkpoint_patch``'s counts)."""
+
+
+def with_conf(base: str, extra: str) -> str:
+    """Two ``PYTORCH_CUDA_ALLOC_CONF`` strings as one (``extra``'s keys win)."""
+    keys = {p.split(":", 1)[0].strip() for p in extra.split(",") if p.strip()}
+    kept = [p for p in base.split(",") if p.strip() and p.split(":", 1)[0].strip() not in keys]
+    return ",".join(kept + [p for p in extra.split(",") if p.strip()])
+
+
 def advise(path: str, gpu: str | GPU, *, batch_var: str | None = None, overrides: dict[str, str] | None = None,
-           mode: str = "auto", torch_version: str | None = None, iterations: int | None = None,
-           progress: Callable[[str], None] | None = None) -> Advice:
+           mode: str = "auto", alloc_conf: str = "", torch_version: str | None = None,
+           iterations: int | None = None, progress: Callable[[str], None] | None = None) -> Advice:
     """Measure every lever on the script at ``path`` for ``gpu``; see the module docstring."""
     from xmem_engine.overrides import top_level_value
     from xmem_engine.tracing import trace_script
@@ -337,36 +409,59 @@ def advise(path: str, gpu: str | GPU, *, batch_var: str | None = None, overrides
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"--batch-var {batch_var}: the script assigns it {batch!r}; a positive integer is needed")
 
-    def run(patches: list[Lever], ov: dict[str, str], conf: str) -> tuple[Estimate, dict]:
-        with contextlib.ExitStack() as stack:
-            states = [stack.enter_context(lv.patch(target)) for lv in patches if lv.patch is not None]
+    def run(patches: list[Lever], value: int | None, conf: str) -> tuple[Estimate, dict]:
+        ov = overrides if value is None else {**overrides, str(batch_var): str(value)}
+        with applied(patches, target) as info:
             tr = trace_script(path, mode=mode, overrides=ov, device=target.properties(), max_iterations=iterations,
                               torch_version=torch_version)
-        info = {k: v for s in states if isinstance(s, dict) for k, v in s.items()}
         return estimate_trace(tr, target, conf or None, torch_version=torch_version), info
 
+    return measure(run, target, batch_var=batch_var, batch=batch, alloc_conf=alloc_conf,
+                   torch_version=torch_version, progress=progress)
+
+
+@contextlib.contextmanager
+def applied(chosen: list[Lever], gpu: GPU) -> Iterator[dict]:
+    """The levers' patches in place for one trace; the dict yielded holds what they reported
+    (``checkpoint_patch``'s counts) once the block ends."""
+    info: dict = {}
+    with contextlib.ExitStack() as stack:
+        states = [stack.enter_context(lv.patch(gpu)) for lv in chosen if lv.patch is not None]
+        try:
+            yield info
+        finally:
+            info.update({k: v for st in states if isinstance(st, dict) for k, v in st.items()})
+
+
+def measure(run: Runner, target: GPU, *, batch_var: str | None = None, batch: int | None = None,
+            alloc_conf: str = "", base: Estimate | None = None, torch_version: str | None = None,
+            progress: Callable[[str], None] | None = None) -> Advice:
+    """Every lever through ``run``, then the cheapest combination that fits. ``base`` is the
+    step as written when the caller has it already (the notebook's widget does)."""
     def say(msg: str) -> None:
         if progress is not None:
             progress(msg)
 
-    say("baseline")
-    base, _ = run([], overrides, "")
-    advice = Advice(base)
-    for lv in levers(target, batch_var):
+    if base is None:
+        say("baseline")
+        base, _ = run([], None, alloc_conf)
+    advice = Advice(base, alloc_conf=alloc_conf, batch_var=batch_var, batch=batch)
+    for lv in levers(target, batch_var if batch else None):
         say(lv.name)
         m = Measured(lv)
         try:
             if lv.alloc_conf:
-                est = estimate_trace(base.trace, target, lv.alloc_conf, torch_version=torch_version)
+                est = estimate_trace(base.trace, target, with_conf(alloc_conf, lv.alloc_conf),
+                                     torch_version=torch_version)
             elif lv.batch_divisor:
                 if batch < lv.batch_divisor:
                     m.applicable, m.detail = False, f"{batch_var} = {batch} cannot be split {lv.batch_divisor} ways"
                     advice.levers.append(m)
                     continue
-                est, _ = run([lv], {**overrides, batch_var: str(batch // lv.batch_divisor)}, "")
+                est, _ = run([lv], batch // lv.batch_divisor, alloc_conf)
                 m.detail = f"micro-batch {batch // lv.batch_divisor}"
             elif lv.smaller_batch:
-                search = max_batch(lambda v: run([], {**overrides, batch_var: str(v)}, "")[0], start=batch)
+                search = max_batch(lambda v: run([], v, alloc_conf)[0], start=batch)
                 if search.value <= 0:
                     m.applicable, m.detail = False, f"not even {batch_var} = 1 fits"
                     advice.levers.append(m)
@@ -374,12 +469,16 @@ def advise(path: str, gpu: str | GPU, *, batch_var: str | None = None, overrides
                 est = search.estimate
                 m.detail = f"{batch_var} = {search.answer()}"
             else:
-                est, info = run([lv], overrides, "")
+                est, info = run([lv], None, alloc_conf)
+                if lv.patch is checkpoint_patch and info.get("own"):
+                    m.applicable, m.detail = False, f"the step checkpoints already ({info['own']:,} checkpointed calls)"
+                    advice.levers.append(m)
+                    continue
                 if lv.patch is checkpoint_patch and not info.get("blocks"):
                     m.applicable, m.detail = False, "no repeated blocks (ModuleList / Sequential) to checkpoint"
                     advice.levers.append(m)
                     continue
-            m.peak_device_bytes, m.fits = est.peak_device_bytes, est.fits
+            m.peak_device_bytes, m.fits, m.estimate = est.peak_device_bytes, est.fits, est
             if est.peak_device_bytes == base.peak_device_bytes and not m.detail:
                 m.detail = "no change here"
         except Exception as e:  # one lever failing (e.g. fused on an optimizer without it) is reported
@@ -388,12 +487,11 @@ def advise(path: str, gpu: str | GPU, *, batch_var: str | None = None, overrides
 
     if not base.fits:
         say("the cheapest combination")
-        _combine(advice, run, overrides, batch_var, batch)
+        _combine(advice, run, batch)
     return advice
 
 
-def _combine(advice: Advice, run: Callable, overrides: dict[str, str], batch_var: str | None,
-             batch: int | None) -> None:
+def _combine(advice: Advice, run: Runner, batch: int | None) -> None:
     """Add the levers that lowered the peak, cheapest first, until the step fits."""
     useful = sorted((m for m in advice.levers if m.applicable and not m.error
                      and m.peak_device_bytes < advice.baseline.peak_device_bytes),
@@ -401,6 +499,7 @@ def _combine(advice: Advice, run: Callable, overrides: dict[str, str], batch_var
     best = next((m for m in useful if m.fits), None)  # useful is in (rank, peak) order
     if best is not None:
         advice.combination, advice.combination_peak_bytes = [best.lever.name], best.peak_device_bytes
+        advice.combination_estimate = best.estimate
         return
     chosen: list[Lever] = []
     for m in useful:
@@ -409,17 +508,17 @@ def _combine(advice: Advice, run: Callable, overrides: dict[str, str], batch_var
         if m.lever.batch_divisor and any(c.batch_divisor for c in chosen):
             continue
         chosen.append(m.lever)
-        confs = ",".join(c.alloc_conf for c in chosen if c.alloc_conf)
-        ov = dict(overrides)
+        conf = advice.alloc_conf
+        for c in chosen:
+            conf = with_conf(conf, c.alloc_conf) if c.alloc_conf else conf
         div = next((c.batch_divisor for c in chosen if c.batch_divisor), 0)
-        if div and batch_var and batch:
-            ov[batch_var] = str(batch // div)
         try:
-            est, _ = run([c for c in chosen if c.patch is not None], ov, confs)
+            est, _ = run([c for c in chosen if c.patch is not None], batch // div if div and batch else None, conf)
         except Exception:  # a combination that cannot run is not advice
             chosen.pop()
             continue
         if est.fits:
             advice.combination = [c.name for c in chosen]
             advice.combination_peak_bytes = est.peak_device_bytes
+            advice.combination_estimate = est
             return

@@ -34,6 +34,7 @@ from xmem_engine.cli_common import (  # noqa: F401  (REPORT_HINT and the errors:
     _batch_value,
     _check_script,
     _from_user_code,
+    _alloc_conf,
 )
 from xmem_engine.trace import MODES
 
@@ -70,18 +71,6 @@ def _check_environment() -> None:
             parse_bytes(os.environ[ENV])
         except ValueError as e:
             raise InputError(str(e)) from None
-
-
-def _alloc_conf(text: str | None):
-    """``--alloc-conf``: PyTorch's grammar, and a setting xmem can simulate."""
-    from xmem_engine.simulation.alloc_conf import AllocConfError, parse_alloc_conf, require_native
-
-    if text is None:
-        return None
-    try:
-        return require_native(parse_alloc_conf(text))
-    except AllocConfError as e:
-        raise InputError(f"--alloc-conf {text!r}: {e}") from None
 
 
 # --------------------------------------------------------------------------- replay

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from xmem_engine.cli_common import (EXIT_MISMATCH, EXIT_OK, _batch_value, _print_json, _running_script,
-                                    _script_inputs, _torch_version_arg)
+from xmem_engine.cli_common import (EXIT_MISMATCH, EXIT_OK, _alloc_conf, _batch_value, _print_json,
+                                    _running_script, _script_inputs, _torch_version_arg)
 from xmem_engine.trace import MODES
 
 
@@ -30,6 +30,8 @@ def add_advise(sub) -> None:
                    "accumulation and a smaller batch")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="VAR=VALUE",
                    help="override a top-level assignment of the script (repeatable)")
+    p.add_argument("--alloc-conf", metavar="STR", default="",
+                   help="the run's own PYTORCH_CUDA_ALLOC_CONF; allocator levers add to it")
     p.add_argument("--mode", choices=MODES, default="auto")
     p.add_argument("--iterations", type=int, metavar="N", help="trace at most N iterations of the training loop")
     p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=_torch_version_arg,
@@ -42,11 +44,13 @@ def _cmd_advise(args) -> int:
     from xmem_engine.advisor import advise
 
     gpu, overrides = _script_inputs(args)
+    _alloc_conf(args.alloc_conf or None)
     if args.batch_var and args.batch_var not in overrides:
         _batch_value(args.script, args.batch_var, "--batch-var")
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with _running_script("advise", args.script, args.mode), quiet:
         advice = advise(args.script, gpu, batch_var=args.batch_var, overrides=overrides, mode=args.mode,
+                        alloc_conf=args.alloc_conf,
                         torch_version=args.torch_version, iterations=args.iterations,
                         progress=lambda m: print(f"xmem advise: measuring {m}", file=sys.stderr, flush=True))
     if args.json:

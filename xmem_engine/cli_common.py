@@ -200,3 +200,15 @@ def _check_script(path: str) -> None:
 
     if not os.path.isfile(path):
         raise InputError(f"no such script: {path}" + (" (it is a folder)" if os.path.isdir(path) else ""))
+
+
+def _alloc_conf(text: str | None):
+    """``--alloc-conf``: PyTorch's grammar, and a setting xmem can simulate."""
+    from xmem_engine.simulation.alloc_conf import AllocConfError, parse_alloc_conf, require_native
+
+    if text is None:
+        return None
+    try:
+        return require_native(parse_alloc_conf(text))
+    except AllocConfError as e:
+        raise InputError(f"--alloc-conf {text!r}: {e}") from None

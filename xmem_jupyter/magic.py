@@ -19,6 +19,7 @@ from xmem_engine.gpus import UnknownGPUError, get_gpu, load_catalog
 from xmem_engine.trace import MODES
 from xmem_engine.tracing import strip_to_user_code
 
+from xmem_jupyter.advice import advise_cell
 from xmem_jupyter.batching import BatchSpecError, current_batch, default_batch_values, parse_batch_values
 from xmem_jupyter.cellcode import cell_filename, running_cell_number
 from xmem_jupyter.config import Config
@@ -67,10 +68,16 @@ class XmemMagics(Magics):
                    "falling back to real when the code needs tensor values")
     @argument("--alloc-conf", metavar="STR", default=None,
               help="PYTORCH_CUDA_ALLOC_CONF of the target run, e.g. 'expandable_segments:True'")
-    @argument("-o", "--output", metavar="NAME", help="store the Estimate object in this variable")
+    @argument("-o", "--output", metavar="NAME",
+              help="store the Estimate object in this variable (with --advise: the Advice, whose .baseline "
+                   "is the Estimate and .levers each change's)")
     @argument("--quiet", "-q", action="store_true", help="no widget: print one line")
     @argument("--max-batch", action="store_true",
               help="search the largest batch size that fits each GPU (needs --batch-var)")
+    @argument("--advise", action="store_true",
+              help="also measure what would make it fit: each usual change (allocator settings, optimizer, "
+                   "autocast, activation checkpointing, Adafactor; with --batch-var accumulation and a smaller "
+                   "batch) applied to the step and estimated again (the widget's 'what would make it fit')")
     @argument("statement", nargs="*", help="(line magic) the statement or call to estimate")
     @line_cell_magic
     def xmem(self, line: str, cell: str | None = None):
@@ -183,6 +190,11 @@ class XmemMagics(Magics):
                         if progress is not None:
                             progress.start(f"searching the largest {args.batch_var} for {g}:")
                         largest[g] = session.largest_batch(g)
+                advice = None
+                if args.advise:
+                    say = None if progress is None else \
+                        (lambda m: progress.start(f"what would make it fit: measuring {m}:"))
+                    advice = advise_cell(session, gpus[0], base=est, progress=say)
             except KeyboardInterrupt:
                 raise KeyboardInterrupt("xmem: tracing interrupted; the namespace is as it was") from None
             except SyntaxError as e:  # the cell's line and caret only: nothing of xmem ran it
@@ -198,25 +210,31 @@ class XmemMagics(Magics):
                 handle.update({"text/plain": ""}, raw=True)
                 progress.close()
         if args.output:
-            ns[args.output] = est
+            ns[args.output] = est if advice is None else advice
         if args.quiet:
             found = (session.searches[(g, session.alloc_conf)] for g in largest)
             names = {e.gpu: e.gpu_name for e in (est, *others)}
             extra = "".join(f" | largest {args.batch_var} on {names.get(g, g)}: {s.answer()}"
                             for g, s in zip(largest, found))
             print(one_line(est, others) + extra)
+            if advice is not None:
+                print(advice.summary())
             return None
 
         from xmem_jupyter.widget import XmemWidget
 
         widget = XmemWidget(est, session=session, gpus=gpus)
+        if advice is not None:
+            widget.set_advice(advice)
         # one output: the live widget and the report it falls back to (report.report_bundle)
-        result = display(report_bundle(est, others, largest, widget=widget), raw=True, display_id=True)
+        result = display(report_bundle(est, others, largest, widget=widget, advice=advice), raw=True,
+                         display_id=True)
 
         def follow(new_est) -> None:
             rest = [session.estimate(widget.batch, g, widget.conf) for g in gpus if g != new_est.gpu]
             found = {g: b for (g, c), b in session.largest.items() if c == widget.conf}
-            result.update(report_bundle(new_est, rest, found, widget=widget), raw=True)
+            result.update(report_bundle(new_est, rest, found, widget=widget, advice=widget.current_advice()),
+                          raw=True)
 
         widget.on_change = follow
         return None

@@ -11,7 +11,10 @@ from __future__ import annotations
 from html import escape
 from typing import Any, Iterable
 
+from xmem_engine.advisor import Advice
 from xmem_engine.estimate import REPORT_MIME, Estimate, gib
+
+from xmem_jupyter.advice import advice_html
 
 from xmem_jupyter.flame import human, source_labeler
 from xmem_jupyter.palette import CATEGORY_COLORS, DEVICE_COLORS, FITS_COLOR, NOFIT_COLOR, palette
@@ -119,17 +122,24 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
 def report_bundle(est: Estimate, others: Iterable[Estimate] = (), max_batch: dict[str, int] | None = None,
-                  widget: Any = None) -> dict:
+                  widget: Any = None, advice: Advice | None = None) -> dict:
     """The MIME bundle for ``display(..., raw=True)``: the report, and with ``widget`` its view too.
 
     One output per cell carries both. The lab extension (``labextension/src/live.ts``) shows
     the widget while its kernel holds it and the report otherwise; other front ends pick one
     type: widget-aware ones the widget, static renderers (nbconvert, GitHub) the ``text/html``,
     a terminal the ``text/plain`` line (never the widget's ``XmemWidget(children=...)`` repr).
+    ``advice`` (what would make it fit, measured for ``est``) goes into all three.
     """
     others = list(others)
-    bundle = {REPORT_MIME: {**est.to_report(), "palette": palette()}, "text/html": summary_html(est, others, max_batch),
-              "text/plain": one_line(est, others)}
+    report = {**est.to_report(), "palette": palette()}
+    html, text = summary_html(est, others, max_batch), one_line(est, others)
+    if advice is not None:
+        report["advice"] = advice.to_json()
+        html = html.removesuffix("</div>") + advice_html(advice) + "</div>"
+        if advice.combination:
+            text += f" | cheapest change that fits: {' + '.join(advice.combination)}"
+    bundle = {REPORT_MIME: report, "text/html": html, "text/plain": text}
     if widget is not None:
         bundle[WIDGET_MIME] = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
     return bundle

@@ -59,22 +59,30 @@ class Session:
         with self.lock:
             if batch in self.traces:
                 return self.traces[batch]
-            from xmem_engine.tracing import trace
-
             first = not self.traces
-            source, assigned = self.source, True
-            ns = self.namespace if first else dict(self.namespace)
-            if batch is not None and batch != self.batch:
-                source, assigned = with_batch(self.source, self.batch_var or "", batch)
-                if not assigned and self.batch_var:
-                    ns = dict(ns) if ns is self.namespace else ns
-                    ns[self.batch_var] = batch
-            gpu = resolve_gpu(self.gpus[0])
-            code = compile_cell(source, self.filename, self.iterations)
-            tr = trace(code, ns, mode=self.mode, device=gpu.properties(), filename=self.filename,
-                       setup=setup)
+            tr = self._run(batch, self.namespace if first else dict(self.namespace), setup=setup)
             self.traces[batch] = tr
             return tr
+
+    def fresh_trace(self, batch: int | None, gpu: str | None = None) -> Trace:
+        """The cell for ``batch`` traced again in a copy of the namespace, for ``gpu`` (default:
+        the first), not cached: a trace under the advisor's patches must not stand in for the
+        cell's own."""
+        with self.lock:
+            return self._run(batch, dict(self.namespace), gpu=gpu)
+
+    def _run(self, batch: int | None, ns: dict, setup: tuple[Callable, ...] = (), gpu: str | None = None) -> Trace:
+        from xmem_engine.tracing import trace
+
+        source = self.source
+        if batch is not None and batch != self.batch:
+            source, assigned = with_batch(self.source, self.batch_var or "", batch)
+            if not assigned and self.batch_var:
+                ns = dict(ns) if ns is self.namespace else ns
+                ns[self.batch_var] = batch
+        target = resolve_gpu(gpu or self.gpus[0])
+        code = compile_cell(source, self.filename, self.iterations)
+        return trace(code, ns, mode=self.mode, device=target.properties(), filename=self.filename, setup=setup)
 
     def estimate(self, batch: int | None, gpu: str, conf: str | None = None,
                  setup: tuple[Callable, ...] = ()) -> Estimate:

@@ -30,9 +30,11 @@ from typing import Callable
 import ipywidgets as widgets
 from jupyter_bokeh import BokehModel
 
+from xmem_engine.advisor import Advice
 from xmem_engine.estimate import Estimate, minimum_memory
 from xmem_engine.gpus import load_catalog
 
+from xmem_jupyter.advice import advice_html, advise_cell, measured
 from xmem_jupyter.bokeh_loader import bokeh_loader
 from xmem_jupyter.charts import Charts, build_charts
 from xmem_jupyter.flame import FlameData, build_flame, human
@@ -101,6 +103,19 @@ class XmemWidget(widgets.VBox):
                     "frees its cache and retries, so this is below the peak")
         self._least: dict[tuple, int] = {}
         self.progress = Progress()
+        # "what would make it fit": the advisor's levers measured on the cell (xmem_jupyter.advice)
+        self.advice: dict[tuple, Advice] = {}  # (batch, gpu, conf) -> the levers measured there
+        self.advise_button = widgets.Button(
+            description="what would make it fit", icon="wrench", layout=widgets.Layout(width="16em"),
+            tooltip="apply each usual change (allocator settings, optimizer, autocast, checkpointing, "
+                    "accumulation, a smaller batch) to this step and estimate it again")
+        self.advise_button.add_class("xmem-advise")
+        self.advise_button.on_click(self._on_advise)
+        self.advice_panel = widgets.HTML()
+        self.advice_view = widgets.Dropdown(description="charts show", options=[("as written", "")], value="",
+                                            layout=widgets.Layout(width="30em", display="none"))
+        self.advice_view.add_class("xmem-advice-view")
+        self.advice_view.observe(self._on_advice_view, "value")
         self.breakdown = widgets.HTML(breakdown_html(est))
         self.notes = widgets.HTML()
 
@@ -114,6 +129,8 @@ class XmemWidget(widgets.VBox):
             self.batch_slider.observe(self._on_batch, "value")
             controls += [self.batch_slider, self.find_button]
             self.find_button.on_click(self._on_find)
+        if session is not None:
+            controls.append(self.advise_button)
 
         self.flame: FlameData = self._flame_for(est)
         tl = build_timeline(est, self.flame.x_end)
@@ -127,7 +144,7 @@ class XmemWidget(widgets.VBox):
         super().__init__([bokeh_loader(), self.headline, self.compare,
                           widgets.HBox(controls, layout=widgets.Layout(flex_flow="row wrap")),
                           widgets.HBox([self.conf_note, self.largest, self.apply_button, self.least]),
-                          self.progress, self.bokeh,
+                          self.progress, self.advice_panel, self.advice_view, self.bokeh,
                           self.breakdown, self.notes], **kwargs)
         self.add_class("xmem-widget")
 
@@ -150,8 +167,9 @@ class XmemWidget(widgets.VBox):
         return self.flame
 
     # ----------------------------------------------------------------- redraw
-    def show(self, est: Estimate) -> None:
-        """Make ``est`` the displayed estimate.
+    def show(self, est: Estimate, follow: bool = True) -> None:
+        """Make ``est`` the displayed estimate (``follow``: the saved report follows it; not for a
+        lever's estimate viewed from the advice panel, which is not the cell's).
 
         Same trace (a GPU or allocator change): the changed data goes to the browser as Bokeh
         patches, a few milliseconds. New trace (another batch size): the charts are rebuilt
@@ -180,7 +198,7 @@ class XmemWidget(widgets.VBox):
         self.breakdown.value = breakdown_html(est)
         self._refresh_text()
         self.last_switch.update_s = time.perf_counter() - t0
-        if self.on_change is not None:
+        if follow and self.on_change is not None:
             self.on_change(est)
 
     def _schedule_refresh(self, delay: float = 0.8) -> None:
@@ -223,6 +241,7 @@ class XmemWidget(widgets.VBox):
         self.least.value = "" if least is None else (
             f"&nbsp; runs in as little as <b class='xmem-least'>{human(least)}</b> on {escape(est.gpu_name)} "
             f"(peak {human(est.peak_device_bytes)}; no margin for variation)")
+        self._refresh_advice()
         notes = list(est.notes) + list(self.flame.notes)
         self.notes.value = "".join(f"<div style='color:#666;font-size:12px'>{escape(n)}</div>" for n in notes)
 
@@ -330,3 +349,57 @@ class XmemWidget(widgets.VBox):
             return None
 
         self._background(f"searching the largest {self.session.batch_var} for {self.est.gpu}:", work)
+
+    # ----------------------------------------------------------------- what would make it fit
+    def advice_key(self) -> tuple:
+        return (self.batch, self.gpu_dropdown.value, self.conf)
+
+    def set_advice(self, advice: Advice) -> None:
+        """Advice measured elsewhere (``%%xmem --advise``) for what the controls show now."""
+        self.advice[self.advice_key()] = advice
+        self._refresh_advice()
+
+    def current_advice(self) -> Advice | None:
+        """The levers measured for what the controls show now (GPU, batch, allocator)."""
+        return self.advice.get(self.advice_key())
+
+    def _refresh_advice(self) -> None:
+        advice = self.current_advice()
+        self.advice_panel.value = "" if advice is None else advice_html(advice)
+        options = [("as written", "")] + [(n, n) for n, _ in measured(advice)[1:]] if advice else [("as written", "")]
+        if list(self.advice_view.options) != options:
+            self.advice_view.unobserve(self._on_advice_view, "value")
+            self.advice_view.options = options
+            self.advice_view.value = ""
+            self.advice_view.observe(self._on_advice_view, "value")
+        self.advice_view.layout.display = None if advice else "none"
+
+    def _on_advise(self, _button=None) -> None:
+        """Measure every lever on this step (about one re-trace per lever: tens of seconds)."""
+        assert self.session is not None
+        key, base = self.advice_key(), self._estimate(self.batch, self.gpu_dropdown.value, self.conf)
+
+        def work() -> None:
+            if key not in self.advice:
+                say = lambda m: self.progress.start(f"what would make it fit: measuring {m}:")  # noqa: E731
+                self.advice[key] = advise_cell(self.session, key[1], batch=key[0], alloc_conf=key[2], base=base,
+                                               progress=say)
+            self._refresh_text()
+            if self.on_change is not None:  # the saved report carries the advice
+                self.on_change(base)
+            return None
+
+        self._background("what would make it fit:", work)
+
+    def _on_advice_view(self, change) -> None:
+        """Show a lever's estimate on the charts (or the step as written again)."""
+        advice = self.current_advice()
+        if advice is None:
+            return
+        name = change["new"]
+        est = dict(measured(advice)).get(name) if name else None
+        if est is None:
+            self.show(self._estimate(self.batch, self.gpu_dropdown.value, self.conf), follow=False)
+        else:
+            self.show(est, follow=False)
+        self.advice_view.value = name  # show() refreshes the panel; keep the choice

@@ -11,11 +11,14 @@
  * written by `Estimate.to_report()` in `xmem_engine/estimate.py`.
  */
 
+import { Advice, parseAdvice, renderAdvice } from './advice';
+import { el, formatBytes, formatGiB, isNum, isObject, str } from './format';
+export { fixed2, formatBytes, formatGiB } from './format';
+
 export const REPORT_MIME = 'application/vnd.xmem.report+json';
 export const SUPPORTED_VERSION = 1;
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
-const GIB = 1024 ** 3;
 
 export interface TopTensor {
   bytes: number;
@@ -71,6 +74,8 @@ export interface Report {
   peak_device_bytes_low?: number;
   peak_device_bytes_high?: number;
   range?: string;
+  /** What would make it fit: each lever measured on the step (absent unless it was asked for). */
+  advice: Advice | null;
   /** CSS custom properties (name -> #rrggbb) from the report's `palette`: the widget's colours. */
   palette: Array<[string, string]>;
 }
@@ -81,38 +86,6 @@ export type ParseResult =
 
 // ---------------------------------------------------------------------------------------
 // Formatting
-
-/**
- * `bytes / unit` with two decimals, rounding as Python's `f"{x:.2f}"` does (the exact
- * value, ties to even), so the renderer prints what the CLI and the widget print.
- * `unit` is a power of two, so `bytes * 100 / unit` is exact for any byte count < 2**46.
- */
-export function fixed2(bytes: number, unit = 1): string {
-  const sign = bytes < 0 ? '-' : '';
-  const q = (Math.abs(bytes) * 100) / unit;
-  let n = Math.floor(q);
-  const frac = q - n;
-  if (frac > 0.5 || (frac === 0.5 && n % 2 === 1)) {
-    n += 1;
-  }
-  const cents = String(n % 100).padStart(2, '0');
-  return `${n === 0 ? '' : sign}${Math.floor(n / 100)}.${cents}`;
-}
-
-/** Bytes as GiB with two decimals, e.g. "3.21 GiB" (the headline's unit). */
-export function formatGiB(bytes: number): string {
-  return `${fixed2(bytes, GIB)} GiB`;
-}
-
-/** Bytes in the largest binary unit that keeps the number >= 1, e.g. "177.35 MiB". */
-export function formatBytes(bytes: number): string {
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
-  let u = 0;
-  while (Math.abs(bytes) >= 1024 ** (u + 1) && u < units.length - 1) {
-    u += 1;
-  }
-  return u === 0 ? `${bytes} B` : `${fixed2(bytes, 1024 ** u)} ${units[u]}`;
-}
 
 function formatPercent(part: number, whole: number): string {
   if (!(whole > 0)) {
@@ -142,24 +115,6 @@ export function splitText(r: Report): string {
 
 // ---------------------------------------------------------------------------------------
 // Parsing: never trust the shape of the data
-
-function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-function isNum(v: unknown): v is number {
-  return typeof v === 'number' && Number.isFinite(v);
-}
-
-function str(v: unknown, fallback = ''): string {
-  if (typeof v === 'string') {
-    return v;
-  }
-  if (v === null || v === undefined) {
-    return fallback;
-  }
-  return String(v);
-}
 
 function numArray(v: unknown): number[] | null {
   if (!Array.isArray(v) || !v.every(isNum)) {
@@ -315,6 +270,7 @@ export function parseReport(data: unknown): ParseResult {
     peak_device_bytes_low: optNum('peak_device_bytes_low'),
     peak_device_bytes_high: optNum('peak_device_bytes_high'),
     range: optStr('range'),
+    advice: parseAdvice(data.advice),
     palette: parsePalette(data.palette)
   };
   return { ok: true, report };
@@ -354,22 +310,6 @@ export function parsePalette(value: unknown): Array<[string, string]> {
 
 // ---------------------------------------------------------------------------------------
 // DOM helpers (textContent only)
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  doc: Document,
-  tag: K,
-  className?: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const node = doc.createElement(tag);
-  if (className) {
-    node.className = className;
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
 
 function svgEl<K extends keyof SVGElementTagNameMap>(
   doc: Document,
@@ -883,6 +823,9 @@ export function renderReport(data: unknown, doc: Document): HTMLElement {
         ul.appendChild(el(doc, 'li', undefined, n));
       }
       root.appendChild(ul);
+    }
+    if (r.advice) {
+      root.appendChild(renderAdvice(r.advice, doc));
     }
     root.appendChild(renderTimeline(r, doc));
     const cols = el(doc, 'div', 'xmem-columns');
