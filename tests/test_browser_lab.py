@@ -161,6 +161,9 @@ def test_quickstart_in_jupyterlab(lab):
                               return r.length > 0 && Array.from(r).every(x => !x.querySelector('.xmem-widget')); }""",
                 arg=PANEL, timeout=60_000)
             _one_result_per_cell(page, showing="report")
+            # the saved report followed the widget: the GPU chosen last, not the cell's first
+            saved = page.locator(f"{PANEL} .jp-RenderedXmemReport .xmem-headline-text").first.inner_text()
+            assert "H100" in saved, saved
             page.locator(f"{PANEL} .jp-RenderedXmemResult").first.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "browser_quickstart_after_restart.png"))
         except Exception:

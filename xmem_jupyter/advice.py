@@ -57,8 +57,8 @@ def advice_html(advice: Advice) -> str:
             peak = human(m.peak_device_bytes)
             verdict = ("fits" if m.fits else "does not fit") + (f" ({m.detail})" if m.detail else "")
             colour = FITS_COLOR if m.fits else NOFIT_COLOR
-        rows.append(f"<tr class='xmem-lever'><td>{escape(m.lever.name)}</td><td style='text-align:right'>{peak}</td>"
-                    f"<td style='color:{colour}'>{escape(verdict)}</td><td>{escape(m.lever.cost)}</td>"
+        rows.append(f"<tr class='xmem-lever'><td>{escape(m.lever.name)}</td><td style='text-align:right;white-space:nowrap'>{peak}</td>"
+                    f"<td style='color:{colour};vertical-align:top'>{escape(verdict)}</td><td>{escape(m.lever.cost)}</td>"
                     f"<td><code>{escape(m.lever.change)}</code></td></tr>")
     setting = [f"{advice.batch_var} = {advice.batch}"] if advice.batch_var and advice.batch else []
     setting += [f"PYTORCH_CUDA_ALLOC_CONF={advice.alloc_conf}"] if advice.alloc_conf else []

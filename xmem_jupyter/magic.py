@@ -233,8 +233,9 @@ class XmemMagics(Magics):
         def follow(new_est) -> None:
             rest = [session.estimate(widget.batch, g, widget.conf) for g in gpus if g != new_est.gpu]
             found = {g: b for (g, c), b in session.largest.items() if c == widget.conf}
-            result.update(report_bundle(new_est, rest, found, widget=widget, advice=widget.current_advice()),
-                          raw=True)
+            bundle = report_bundle(new_est, rest, found, widget=widget, advice=widget.current_advice())
+            result.update(bundle, raw=True)  # front ends that route a callback's display updates
+            widget.carry_report(bundle)  # JupyterLab: through the view (labextension/src/live.ts)
 
         widget.on_change = follow
         return None

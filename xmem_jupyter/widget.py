@@ -21,6 +21,7 @@ code that drives the widget from Python and knows nothing else runs.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ import ipywidgets as widgets
 from jupyter_bokeh import BokehModel
 
 from xmem_engine.advisor import Advice
-from xmem_engine.estimate import Estimate, minimum_memory
+from xmem_engine.estimate import REPORT_MIME, Estimate, minimum_memory
 from xmem_engine.gpus import load_catalog
 
 from xmem_jupyter.advice import advice_html, advise_cell, measured
@@ -117,6 +118,10 @@ class XmemWidget(widgets.VBox):
         self.advice_view.add_class("xmem-advice-view")
         self.advice_view.observe(self._on_advice_view, "value")
         self.breakdown = widgets.HTML(breakdown_html(est))
+        # the report as it stands, for the lab extension to save into the cell's output
+        # (labextension/src/live.ts): a widget callback cannot update that output itself
+        self.report_data = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.report_data.add_class("xmem-report-data")
         self.notes = widgets.HTML()
 
         controls = [self.gpu_dropdown, self.expandable, self.least_button]
@@ -145,7 +150,7 @@ class XmemWidget(widgets.VBox):
                           widgets.HBox(controls, layout=widgets.Layout(flex_flow="row wrap")),
                           widgets.HBox([self.conf_note, self.largest, self.apply_button, self.least]),
                           self.progress, self.advice_panel, self.advice_view, self.bokeh,
-                          self.breakdown, self.notes], **kwargs)
+                          self.breakdown, self.notes, self.report_data], **kwargs)
         self.add_class("xmem-widget")
 
     # ----------------------------------------------------------------- estimates
@@ -349,6 +354,12 @@ class XmemWidget(widgets.VBox):
             return None
 
         self._background(f"searching the largest {self.session.batch_var} for {self.est.gpu}:", work)
+
+    def carry_report(self, bundle: dict) -> None:
+        """Carry the cell's current report (``report.report_bundle``'s report, HTML and text)
+        in the view, where the lab extension takes it into the saved output."""
+        keep = {k: bundle[k] for k in (REPORT_MIME, "text/html", "text/plain") if k in bundle}
+        self.report_data.value = f"<div class='xmem-report-json' hidden>{escape(json.dumps(keep))}</div>"
 
     # ----------------------------------------------------------------- what would make it fit
     def advice_key(self) -> tuple:

@@ -11,6 +11,12 @@
  * for the live view in a hidden child. It shows the widget only once the view is really there,
  * and the report again if the view goes (kernel restarted or shut down). Untrusted outputs never
  * reach the widget renderer: the report is all they show.
+ *
+ * The report follows the widget (another GPU, batch size, the advice measured): the kernel
+ * cannot update the output itself from a widget's callback (JupyterLab routes display updates
+ * only to the cell that is executing), so the widget carries its current report in a hidden
+ * element (`.xmem-report-json`, JSON as text) and this renderer writes it into the output's
+ * data, which the notebook then saves.
  */
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Panel, Widget } from '@lumino/widgets';
@@ -18,6 +24,38 @@ import { Panel, Widget } from '@lumino/widgets';
 import { REPORT_MIME, renderReport } from './render';
 
 export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
+
+/** The parts of the output the widget's report hand-off may replace; nothing else. */
+const HANDED = [REPORT_MIME, 'text/html', 'text/plain'];
+
+/**
+ * The report the live widget carries (`.xmem-report-json` in its view), as output data to
+ * merge: an object report and string HTML / text only, or null.
+ */
+export function handedReport(text: string): Record<string, unknown> | null {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    return null;
+  }
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
+    return null;
+  }
+  const given = parsed as Record<string, unknown>;
+  const report = given[REPORT_MIME];
+  if (typeof report !== 'object' || report === null || Array.isArray(report)) {
+    return null;
+  }
+  const out: Record<string, unknown> = {};
+  for (const key of HANDED) {
+    const v = given[key];
+    if (key === REPORT_MIME ? typeof v === 'object' && v !== null : typeof v === 'string') {
+      out[key] = v;
+    }
+  }
+  return out;
+}
 
 /** The rank of the per-notebook factory: ahead of ipywidgets' widget renderer (-10). */
 export const LIVE_RANK = -20;
@@ -81,6 +119,7 @@ export class XmemResultRenderer extends Panel implements IRenderMime.IRenderer {
   private _model: IRenderMime.IMimeModel | null = null;
   private _modelId = '';
   private _observer: MutationObserver | null = null;
+  private _handed = '';
 
   constructor(options: IRenderMime.IRendererOptions, source: IWidgetSource | null) {
     super();
@@ -154,12 +193,30 @@ export class XmemResultRenderer extends Panel implements IRenderMime.IRenderer {
     live.hide(); // "Loading widget..." / "model not found" are never shown: the report is
     this.addWidget(live);
     const Observer = (this.node.ownerDocument.defaultView as any)?.MutationObserver ?? MutationObserver;
-    this._observer = new Observer(() => this._sync());
-    this._observer!.observe(live.node, { childList: true });
+    this._observer = new Observer(() => {
+      this._sync();
+      this._takeReport();
+    });
+    this._observer!.observe(live.node, { childList: true, subtree: true, characterData: true });
     live.renderModel(model).then(
       () => this._sync(),
       err => console.warn('xmem: the live widget did not render; showing the saved report', err)
     );
+  }
+
+  /** The report the live widget carries, into the output's data (saved with the notebook). */
+  private _takeReport(): void {
+    const model = this._model;
+    const node = this._live?.node.querySelector('.xmem-report-json');
+    const text = node?.textContent ?? '';
+    if (!model || !text || text === this._handed) {
+      return;
+    }
+    this._handed = text;
+    const data = handedReport(text);
+    if (data && JSON.stringify(data[REPORT_MIME]) !== JSON.stringify(model.data[REPORT_MIME])) {
+      model.setData({ data: { ...model.data, ...data } as any });
+    }
   }
 
   private _dropLive(): void {

@@ -194,3 +194,42 @@ describe('the per-notebook result renderer', () => {
     assert.deepEqual(shown(r2), { report: true, widget: false });
   });
 });
+
+describe('the report the live widget carries', () => {
+  it('is written into the output, so the saved notebook has what the widget showed last', async () => {
+    const reg = registry(new Set(['m1']));
+    const r = live.liveFactory(reg).createRenderer(OPTIONS);
+    const saved: any[] = [];
+    const model: any = bundle('m1');
+    model.setData = (o: any) => {
+      saved.push(o.data);
+      model.data = o.data;
+    };
+    await r.renderModel(model);
+    await settle();
+    const carried = { ...EXAMPLE, gpu: 'H100-SXM-80GB' };
+    const holder = document.createElement('div');
+    holder.className = 'xmem-report-json';
+    holder.textContent = JSON.stringify({ [REPORT]: carried, 'text/html': '<i>h100</i>', 'text/plain': 'xmem: h100',
+                                          [VIEW]: { model_id: 'other' }, 'text/javascript': 'alert(1)' });
+    reg.made[0].widgets[0].node.appendChild(holder);
+    await settle();
+    assert.equal(saved.length, 1);
+    assert.equal(saved[0][REPORT].gpu, 'H100-SXM-80GB');
+    assert.equal(saved[0]['text/plain'], 'xmem: h100');
+    assert.equal(saved[0][VIEW].model_id, 'm1'); // the view stays the cell's
+    assert.equal(saved[0]['text/javascript'], undefined); // only the report's own parts
+    // the same report again: nothing to write
+    holder.setAttribute('data-x', '1');
+    holder.textContent = holder.textContent + '';
+    await settle();
+    assert.equal(saved.length, 1);
+  });
+
+  it('ignores what is not a report', () => {
+    assert.equal(live.handedReport('not json'), null);
+    assert.equal(live.handedReport('[1]'), null);
+    assert.equal(live.handedReport(JSON.stringify({ 'text/html': '<b>x</b>' })), null);
+    assert.deepEqual(Object.keys(live.handedReport(JSON.stringify({ [REPORT]: { version: 1 }, 'text/html': 3 }))), [REPORT]);
+  });
+});
