@@ -35,7 +35,7 @@ opt.zero_grad()
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython()
+    shell = start_ipython() or IPython.get_ipython()  # one shell per process: another module may have it
     shell.run_line_magic("load_ext", "xmem_jupyter")
     return shell
 
