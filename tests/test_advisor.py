@@ -76,3 +76,66 @@ def test_cli_advise_json(capsys):
     names = [lv["lever"] for lv in out["levers"]]
     assert {"expandable segments", "activation checkpointing", "gradient accumulation x2", "largest batch that fits"} <= set(names)
     assert main(["advise", str(SCRIPTS / "transformer.py"), "--gpu", GPU, "--batch-var", "seq_len"]) == 2
+
+
+def test_a_step_that_checkpoints_itself_is_not_checkpointed_again():
+    """Wrapping blocks a step already checkpoints would checkpoint them twice (a recompute
+    mismatch on the GPU as here): the lever says n/a instead."""
+    script = str(SCRIPTS / "transformer.py")
+    advice = advise(script, GPU, overrides={"CKPT": "True", "batch_size": "2"})
+    ckpt = next(m for m in advice.levers if m.lever.name == "activation checkpointing")
+    assert not ckpt.applicable and "checkpoints already" in ckpt.detail and not ckpt.error, ckpt
+
+
+TRANSFORMERS_LIKE = '''
+import functools
+import torch, torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+
+class Model(nn.Module):
+    """What the lever needs of a transformers PreTrainedModel: its own checkpointing switch.
+    Its layers also append to a cache, as a KV cache does while use_cache is on: wrapping them
+    in checkpoint() from outside would extend it again in the recomputation."""
+    supports_gradient_checkpointing = True
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+                                    for _ in range(6))
+        self.is_gradient_checkpointing = False
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        self._ckpt = functools.partial(checkpoint, **(gradient_checkpointing_kwargs or {}))
+        self.is_gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self):
+        self.is_gradient_checkpointing = False
+
+    def forward(self, x):
+        cache = []
+        for layer in self.layers:
+            use_cache = not self.is_gradient_checkpointing
+            step = (lambda h, layer=layer: layer(h)) if not use_cache else \\
+                (lambda h, layer=layer: cache.append(h.shape) or layer(h))
+            x = self._ckpt(step, x) if self.is_gradient_checkpointing else step(x)
+        return x
+
+
+model = Model().cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(64, 512, 1024, device="cuda")
+model(x).sum().backward()
+opt.step()
+'''
+
+
+def test_a_transformers_model_is_checkpointed_its_own_way(tmp_path):
+    script = tmp_path / "hf_like.py"
+    script.write_text(TRANSFORMERS_LIKE)
+    advice = advise(str(script), GPU)
+    ckpt = next(m for m in advice.levers if m.lever.name == "activation checkpointing")
+    assert ckpt.applicable and not ckpt.error, ckpt
+    assert ckpt.change.startswith("model.gradient_checkpointing_enable(")
+    assert ckpt.peak_device_bytes < 0.7 * advice.baseline.peak_device_bytes
+    assert json.loads(json.dumps(advice.to_json()))["levers"][6]["change"] == ckpt.change

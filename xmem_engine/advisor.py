@@ -58,9 +58,15 @@ class Measured:
     detail: str = ""  # e.g. "batch 24" or "no repeated blocks to checkpoint"
     error: str = ""
     estimate: Estimate | None = field(default=None, repr=False)  # for showing it (not in JSON)
+    how: str = ""  # the change as measured, where it is not the lever's usual one
+
+    @property
+    def change(self) -> str:
+        """The code to write (or the setting)."""
+        return self.how or self.lever.change
 
     def to_json(self) -> dict:
-        return {"lever": self.lever.name, "change": self.lever.change, "cost": self.lever.cost,
+        return {"lever": self.lever.name, "change": self.change, "cost": self.lever.cost,
                 "peak_device_bytes": self.peak_device_bytes if self.applicable and not self.error else None,
                 "fits": self.fits, "applicable": self.applicable, "detail": self.detail, "error": self.error}
 
@@ -108,8 +114,7 @@ class Advice:
             lines.append(f"cheapest change that fits: {' + '.join(self.combination)} "
                          f"(peak {self.combination_peak_bytes / gib:.2f} GiB)")
             for name in self.combination:
-                lever = next(m.lever for m in self.levers if m.lever.name == name)
-                lines.append(f"  {name}: {lever.change}")
+                lines.append(f"  {name}: {next(m.change for m in self.levers if m.lever.name == name)}")
         else:
             lines.append("no lever or combination measured here makes it fit: a larger GPU, or sharding")
         return "\n".join(lines)
@@ -201,13 +206,16 @@ def repeated_blocks(root: torch.nn.Module) -> list[torch.nn.Module]:
 def checkpoint_patch(gpu: GPU) -> Iterator[dict]:
     """Each repeated block of the outermost module called under grad runs through
     ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``: it keeps its inputs and
-    recomputes its activations in backward. ``state["own"]`` counts the checkpoints the step
-    makes itself (e.g. transformers' ``gradient_checkpointing_enable()``): such a step already
-    has this lever, and wrapping its blocks again would checkpoint them twice."""
+    recomputes its activations in backward. A transformers model gets its own
+    ``gradient_checkpointing_enable()`` instead (it also turns the KV cache off, which a
+    recomputation would otherwise extend twice). ``state["own"]`` counts the checkpoints the
+    step makes itself: such a step already has this lever, and wrapping its blocks again would
+    checkpoint them twice."""
     import torch.utils.checkpoint as ckpt
 
     state: dict = {"blocks": 0, "own": 0}
     wrapped: list[torch.nn.Module] = []
+    hf: list[torch.nn.Module] = []  # a transformers model whose own checkpointing is on for this run
     ours = [False]  # the next checkpoint call is one of ours
 
     def ours_first(forward: Callable) -> Callable:
@@ -223,7 +231,9 @@ def checkpoint_patch(gpu: GPU) -> Iterator[dict]:
         # both of checkpoint()'s paths look these up in the module when called, so calls through
         # a checkpoint function bound before the trace (functools.partial) are counted too
         def call(*args: Any, **kwargs: Any) -> Any:
-            if ours[0]:
+            if hf:
+                state["blocks"] += 1
+            elif ours[0]:
                 ours[0] = False
             else:
                 state["own"] += 1
@@ -233,22 +243,36 @@ def checkpoint_patch(gpu: GPU) -> Iterator[dict]:
     def wrap(module: torch.nn.Module, call: Callable, args: tuple, kwargs: dict) -> Any:
         # the first outermost module with repeated blocks, called under grad, is the model; a
         # block's recomputation in backward calls its layers outside any module: left alone
-        if not wrapped and torch.is_grad_enabled() and torch._C._current_autograd_node() is None:
+        if not wrapped and not hf and torch.is_grad_enabled() and torch._C._current_autograd_node() is None:
+            if getattr(module, "supports_gradient_checkpointing", False) and \
+                    callable(getattr(module, "gradient_checkpointing_enable", None)):
+                if getattr(module, "is_gradient_checkpointing", False):
+                    state["own"] += 1
+                else:
+                    module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                    hf.append(module)
+                    state["change"] = "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=" \
+                                      "{'use_reentrant': False})  # transformers' own"
+                return call(*args, **kwargs)
             for block in repeated_blocks(module):
                 block.forward = ours_first(block.forward)  # type: ignore[method-assign]
                 wrapped.append(block)
             state["blocks"] = len(wrapped)
         return call(*args, **kwargs)
 
-    generator = ckpt._checkpoint_without_reentrant_generator
+    # checkpoint()'s non-reentrant path calls the generator's _impl from torch 2.14 on
+    generator = next(name for name in ("_checkpoint_without_reentrant_generator_impl",
+                                       "_checkpoint_without_reentrant_generator") if hasattr(ckpt, name))
     apply = ckpt.CheckpointFunction.apply
     try:
-        with _outermost(wrap), patched_attr(ckpt, "_checkpoint_without_reentrant_generator", counted(generator)), \
+        with _outermost(wrap), patched_attr(ckpt, generator, counted(getattr(ckpt, generator))), \
                 patched_attr(ckpt.CheckpointFunction, "apply", counted(apply)):
             yield state
     finally:
         for block in wrapped:
             block.__dict__.pop("forward", None)
+        for model in hf:
+            model.gradient_checkpointing_disable()
 
 
 def _inside(filename: str) -> bool:
@@ -470,6 +494,7 @@ def measure(run: Runner, target: GPU, *, batch_var: str | None = None, batch: in
                 m.detail = f"{batch_var} = {search.answer()}"
             else:
                 est, info = run([lv], None, alloc_conf)
+                m.how = info.get("change", "")
                 if lv.patch is checkpoint_patch and info.get("own"):
                     m.applicable, m.detail = False, f"the step checkpoints already ({info['own']:,} checkpointed calls)"
                     advice.levers.append(m)

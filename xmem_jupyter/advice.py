@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from xmem_engine.advisor import Advice, Lever, applied, measure
+from xmem_engine.advisor import Advice, Lever, Measured, applied, measure
 from xmem_engine.estimate import Estimate, estimate_trace, resolve_gpu
 
 from xmem_jupyter.flame import human
@@ -59,7 +59,7 @@ def advice_html(advice: Advice) -> str:
             colour = FITS_COLOR if m.fits else NOFIT_COLOR
         rows.append(f"<tr class='xmem-lever'><td>{escape(m.lever.name)}</td><td style='text-align:right;white-space:nowrap'>{peak}</td>"
                     f"<td style='color:{colour};vertical-align:top'>{escape(verdict)}</td><td>{escape(m.lever.cost)}</td>"
-                    f"<td><code>{escape(m.lever.change)}</code></td></tr>")
+                    f"<td><code>{escape(m.change)}</code></td></tr>")
     setting = [f"{advice.batch_var} = {advice.batch}"] if advice.batch_var and advice.batch else []
     setting += [f"PYTORCH_CUDA_ALLOC_CONF={advice.alloc_conf}"] if advice.alloc_conf else []
     head = (f"<b>What would make it fit {escape(b.gpu_name)}</b> ({human(b.capacity_bytes)}): the step as "
@@ -68,7 +68,7 @@ def advice_html(advice: Advice) -> str:
     if b.fits:
         verdict = "The step fits already; the table shows what each change would save."
     elif advice.combination:
-        code = "".join(f"<li>{escape(n)}: <code>{escape(_lever(advice, n).change)}</code></li>"
+        code = "".join(f"<li>{escape(n)}: <code>{escape(_measured(advice, n).change)}</code></li>"
                        for n in advice.combination)
         verdict = (f"<b>Cheapest change that fits:</b> <span class='xmem-combination'>"
                    f"{escape(' + '.join(advice.combination))}</span> (peak {human(advice.combination_peak_bytes or 0)})"
@@ -81,8 +81,8 @@ def advice_html(advice: Advice) -> str:
             f"<div>{verdict}</div></div>")
 
 
-def _lever(advice: Advice, name: str) -> Lever:
-    return next(m.lever for m in advice.levers if m.lever.name == name)
+def _measured(advice: Advice, name: str) -> Measured:
+    return next(m for m in advice.levers if m.lever.name == name)
 
 
 def measured(advice: Advice) -> list[tuple[str, Estimate]]:

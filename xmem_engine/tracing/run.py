@@ -45,6 +45,7 @@ from xmem_engine.tracing.patches import (
     logger_level,
     mkldnn_disabled,
     module_apply,
+    outside_mode,
     patched_attr,
     real_mode_for_lazy_modules,
     restore_default_device,
@@ -53,7 +54,6 @@ from xmem_engine.tracing.patches import (
 from xmem_engine.tracing.checkpoints import kept_in_memory
 from xmem_engine.tracing.guesses import GUESS_HEADLINE, Guesses
 from xmem_engine.tracing.host_memory import ENV as HOST_ENV, HostBudget, HostMemoryExceeded, gib
-from xmem_engine.tracing.sdpa import outside_mode
 from xmem_engine.tracing.shadow_values import Shadows
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.user_state import UserState
@@ -347,9 +347,10 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         if tracer.fake:
             stack.enter_context(patched_attr(FakeTensor, "device", fake_device_property(tracer, device_mode)))
         stack.enter_context(device_mode)
-        stack.enter_context(patched_attr(torch.nn.functional, "scaled_dot_product_attention",
-                                         outside_mode(device_mode.special[torch.nn.functional.scaled_dot_product_attention],
-                                                      device_mode)))
+        for name in ("scaled_dot_product_attention", "dropout"):  # as in forward, in a recomputation too
+            orig = getattr(torch.nn.functional, name)
+            stack.enter_context(patched_attr(torch.nn.functional, name,
+                                             outside_mode(orig, device_mode.special[orig], device_mode)))
         # ``torch.set_default_device("cuda")`` in user code leaves a DeviceContext on the
         # mode stack: take it off while ours is still there (DeviceContext re-pushes the
         # modes above it when it leaves).

@@ -872,25 +872,6 @@ def _valid(b: dict[str, Any]) -> bool:
     return isinstance(b["dropout_p"], (int, float)) and isinstance(b["is_causal"], bool)
 
 
-def outside_mode(handler: Callable[[Any, tuple, dict], Any], mode: Any) -> Callable[..., Any]:
-    """``F.scaled_dot_product_attention`` for code that runs while the tracer's device mode is
-    off: backward, run from inside the mode's own handler (a checkpoint's recomputation, a
-    custom Function's backward). With the mode on, PyTorch's own function, which the mode
-    sends to ``handler``; with it off, ``handler`` directly. Either way the handler runs with
-    the mode off, and forward and recomputation pick the same backend."""
-    from torch.overrides import _get_current_function_mode_stack
-
-    orig = torch.nn.functional.scaled_dot_product_attention
-
-    def sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if any(m is mode for m in _get_current_function_mode_stack()):
-            return orig(*args, **kwargs)
-        return handler(orig, args, kwargs)
-
-    sdpa.__wrapped__ = orig  # type: ignore[attr-defined]
-    return sdpa
-
-
 def tracer_handler(tracer: Any) -> Callable[[Any, tuple, dict], Any]:
     """The ``DeviceMode.special`` handler for ``F.scaled_dot_product_attention``: virtual-GPU
     inputs go to :func:`scaled_dot_product_attention` for the tracer's target GPU, anything
