@@ -60,3 +60,15 @@ def pytest_collection_modifyitems(config, items):
         reason = gaps.get(item.nodeid)
         if reason:
             item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+# --------------------------------------------------------------------------- IPython
+@pytest.fixture(scope="session")
+def ip():
+    """The process's one IPython test shell, with xmem's magics loaded."""
+    IPython = pytest.importorskip("IPython")
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or IPython.get_ipython()
+    shell.run_line_magic("load_ext", "xmem_jupyter")
+    return shell

@@ -94,3 +94,13 @@ def run_all_in_lab(page, base: str, token: str, notebook: str, timeout_ms: int =
                              && w.sessionContext.session.kernel;
                    return k && k.status === 'idle'; }""", timeout=timeout_ms)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
+def write_notebook(path: Path, cells: list[str]) -> None:
+    """A notebook of code cells, unexecuted, for the Python 3 kernel."""
+    import json
+
+    code = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [],
+             "source": src} for i, src in enumerate(cells)]
+    path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "cells": code, "metadata": {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}))

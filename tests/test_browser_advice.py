@@ -9,12 +9,12 @@ Skips without /usr/bin/chromium or Playwright (scripts/setup_browser.sh installs
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium, run_all_in_lab
+from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium, run_all_in_lab, write_notebook
+from test_jupyter_advice import DEEP
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
@@ -22,19 +22,8 @@ PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
 pytestmark = [pytest.mark.slow, needs_chromium]
 
-CELLS = [
-    "%load_ext xmem_jupyter",
-    """%%xmem --gpu RTX-4060-8GB --batch-var batch
-import torch, torch.nn as nn
-batch = 128
-model = nn.Sequential(*[nn.Sequential(nn.Linear(2048, 2048), nn.GELU()) for _ in range(8)], nn.Linear(2048, 10)).cuda()
-opt = torch.optim.AdamW(model.parameters())
-x = torch.randn(batch, 512, 2048, device="cuda")
-y = torch.randint(0, 10, (batch, 512), device="cuda")
-loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-loss.backward()
-opt.step()""",
-]
+# a step that does not fit an 8 GB card (the one tests/test_jupyter_advice.py advises on)
+CELLS = ["%load_ext xmem_jupyter", "%%xmem --gpu RTX-4060-8GB --batch-var batch" + DEEP]
 
 
 @pytest.fixture()
@@ -42,10 +31,7 @@ def lab(tmp_path):
     pytest.importorskip("playwright.sync_api", reason="playwright (Python package) is not installed")
     nbdir = tmp_path / "nb"
     nbdir.mkdir()
-    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [],
-              "source": src} for i, src in enumerate(CELLS)]
-    (nbdir / "advice.ipynb").write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "cells": cells, "metadata": {
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}))
+    write_notebook(nbdir / "advice.ipynb", CELLS)
     with jupyter_server(tmp_path / "jupyter", nbdir, pythonpath=ROOT) as server:
         yield server
 

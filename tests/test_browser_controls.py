@@ -13,13 +13,12 @@ Skips without /usr/bin/chromium or Playwright (scripts/setup_browser.sh installs
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 
-from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium, run_all_in_lab
+from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium, run_all_in_lab, write_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
@@ -50,19 +49,12 @@ y = x @ torch.ones(4, device="cuda")""",
 ]
 
 
-def _notebook(path: Path) -> None:
-    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [],
-              "source": src} for i, src in enumerate(CELLS)]
-    path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "cells": cells, "metadata": {
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}))
-
-
 @pytest.fixture()
 def lab(tmp_path):
     pytest.importorskip("playwright.sync_api", reason="playwright (Python package) is not installed")
     nbdir = tmp_path / "nb"
     nbdir.mkdir()
-    _notebook(nbdir / "controls.ipynb")
+    write_notebook(nbdir / "controls.ipynb", CELLS)
     with jupyter_server(tmp_path / "jupyter", nbdir, pythonpath=ROOT) as server:
         yield server
 

@@ -11,7 +11,6 @@ import torch
 
 IPython = pytest.importorskip("IPython")
 jsonschema = pytest.importorskip("jsonschema")
-from IPython.testing.globalipapp import start_ipython  # noqa: E402
 
 from xmem_engine.estimate import REPORT_MIME  # noqa: E402
 from xmem_jupyter.flame import human  # noqa: E402
@@ -32,13 +31,6 @@ loss.backward()
 opt.step()
 opt.zero_grad()
 """
-
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = start_ipython() or IPython.get_ipython()  # one shell per process: another module may have it
-    shell.run_line_magic("load_ext", "xmem_jupyter")
-    return shell
 
 
 @pytest.fixture()

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 IPython = pytest.importorskip("IPython")
-from IPython.testing.globalipapp import start_ipython  # noqa: E402
 
 STEP = """
 import torch, torch.nn as nn
@@ -19,13 +18,6 @@ answer = 42
 label = "done"
 sizes = [1, 2, 3]
 """
-
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = start_ipython() or IPython.get_ipython()  # one shell per process: another module may have it
-    shell.run_line_magic("load_ext", "xmem_jupyter")
-    return shell
 
 
 @pytest.fixture()
