@@ -300,3 +300,34 @@ def test_recorded_h100_reductions(name, ctx):
 def test_recorded_full_sum():
     assert recorded_reduce_pairs("sil_mem_snapshot.pickle") == ((256, 4, "sum:float,float,4"),)
     assert reduce_buffers((524288,), (1,), (), 4, 4, 4, **H100, torch_version="2.6") == ReduceBuffers(256, 4)
+
+
+def test_a_trace_re_simulated_for_another_gpu_has_that_gpu_s_reduction_buffers():
+    """Reduction staging buffers follow the SM count: an estimate for another GPU sizes them
+    again (``Trace.meta["by_sm"]``), event for event as a trace made for that GPU has them, so
+    switching the GPU (widget, sweep) needs no re-trace."""
+    from pathlib import Path
+
+    from xmem_engine.estimate import estimate_trace
+    from xmem_engine.gpus import get_gpu
+    from xmem_engine.tracing import trace_script
+    from xmem_engine.tracing.cuda_temporaries import resized_by_sm
+
+    script = str(Path(__file__).resolve().parent / "advise_scripts" / "transformer.py")
+    gpus = ["RTX-4060-8GB", "H100-SXM-80GB", "T4"]  # 24, 132 and 40 SMs
+    traces = {g: trace_script(script, mode="fake", device=get_gpu(g).properties(), overrides={"batch_size": "2"})
+              for g in gpus}
+    assert traces[gpus[0]].meta["by_sm"]["groups"]
+
+    def seq(events):
+        return [(e.kind, e.bytes, e.op) for e in events]
+
+    for a in gpus:
+        for b in gpus:
+            g = get_gpu(b)
+            resized = resized_by_sm(traces[a], g.sm_count, *g.compute_capability)
+            assert (resized is None) == (a == b)
+            if a != b:
+                assert seq(traces[a].events) != seq(traces[b].events)  # the buffers do differ
+                assert seq(resized) == seq(traces[b].events), (a, b)
+                assert estimate_trace(traces[a], b).peak_device_bytes == estimate_trace(traces[b], b).peak_device_bytes

@@ -329,13 +329,16 @@ def estimate_trace(
     This is what a GPU switch in the widget calls; it takes milliseconds.
     """
     from xmem_engine.gpus.cuda_libraries import adapt_trace, library_bytes
+    from xmem_engine.tracing.cuda_temporaries import resized_by_sm
 
     t0 = time.perf_counter()
     target = resolve_gpu(gpu)
     cfg = _config(alloc_conf)
     _check_target_torch(torch_version)
     version = torch_version or torch.__version__.split("+")[0]
-    events, notes = adapt_trace(tr, target, version)
+    resized = resized_by_sm(tr, target.sm_count, *target.compute_capability)  # reduction buffers, per GPU
+    events, notes = adapt_trace(tr if resized is None else Trace(resized, tr.mode, tr.seconds, tr.meta), target,
+                                version)
     traced_cc = tuple(tr.meta.get("compute_capability") or ())
     if tr.meta.get("sdpa_calls") and traced_cc and traced_cc != tuple(target.compute_capability):
         notes = notes + [

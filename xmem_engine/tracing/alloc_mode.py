@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from xmem_engine.tracing.cuda_temporaries import RULES as CUDA_TEMPORARIES
+from xmem_engine.tracing.cuda_temporaries import BySM
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.fake_fastpaths import FAST_FAKE
 from xmem_engine.tracing.frames import as_torch_error, user_frame
@@ -227,7 +228,9 @@ class AllocMode(TorchDispatchMode):
         rule = CUDA_TEMPORARIES.get(func)
         if rule is not None and (gpu if gpu is not None else self._on_gpu(args, kwargs)):
             steps = rule(args, kwargs, tr.cuda_device)
-            if steps:
+            if isinstance(steps, BySM):
+                tr.transients_by_sm(func, steps)
+            elif steps:
                 tr.transients(func, steps)
         if in_backward:
             self.backward_writes.made(tensors_in(out))

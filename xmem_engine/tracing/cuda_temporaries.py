@@ -30,6 +30,7 @@ show them on real GPUs):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -54,9 +55,41 @@ class Device:
 _THREADS_PER_SM = {(7, 5): 1024, (8, 6): 1536, (8, 7): 1536, (8, 9): 1536, (12, 0): 1536, (12, 1): 1536}
 
 
+@dataclass(frozen=True)
+class BySM:
+    """Steps that depend on the GPU's SM count and threads per SM (a reduction's staging
+    buffers): the arguments of :func:`cuda_reduce.reduce_plan` other than the device's, so an
+    estimate for another GPU can size them again (``gpus/cuda_libraries.adapt_trace``)."""
+
+    plan_args: tuple  # shape, strides, reduce dims, input / accumulator / output item sizes, vt0, ivs, offset
+
+    def steps(self, device: Device) -> list[Step]:
+        return plan_steps(self.plan_args, device.sm_count, device.max_threads_per_sm, device.torch_version)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_steps(plan_args: tuple, sm_count: int, max_threads_per_sm: int, torch_version: str) -> tuple[Step, ...]:
+    shape, strides, dims, isize, acc, osize, vt0, ivs, offset = plan_args
+    return tuple(reduce_plan(tuple(shape), tuple(strides), list(dims), isize, acc,
+                             tuple(osize) if isinstance(osize, (list, tuple)) else osize,
+                             sm_count, max_threads_per_sm, vt0, ivs, torch_version, offset).steps())
+
+
+def plan_steps(plan_args: Any, sm_count: int, max_threads_per_sm: int, torch_version: str) -> list[Step]:
+    """A reduction's steps on a GPU with this SM count (``plan_args`` as :class:`BySM` holds
+    them, or as a trace's JSON gives them back: lists)."""
+    hashable = tuple(tuple(a) if isinstance(a, list) else a for a in plan_args)
+    return list(_plan_steps(hashable, int(sm_count), int(max_threads_per_sm), torch_version))
+
+
+def threads_per_sm(major: int, minor: int) -> int:
+    """``cudaDeviceProp::maxThreadsPerMultiProcessor`` for a compute capability."""
+    return _THREADS_PER_SM.get((int(major), int(minor)), 2048)
+
+
 def device_of(props: Any) -> Device:
     cc = (int(props.major), int(props.minor))
-    return Device(int(props.multi_processor_count), _THREADS_PER_SM.get(cc, 2048), torch.__version__)
+    return Device(int(props.multi_processor_count), threads_per_sm(*cc), torch.__version__)
 
 
 def _broadcast_numel(tensors: list[torch.Tensor]) -> int:
@@ -96,7 +129,7 @@ def _dims(dim: Any, ndim: int) -> list[int]:
     return list(dim)
 
 
-def reduction(kind: str, dim_at: int | None, outputs: int = 1) -> Callable[[tuple, dict, Device], list[Step] | None]:
+def reduction(kind: str, dim_at: int | None, outputs: int = 1) -> Callable[[tuple, dict, Device], BySM | None]:
     """The rule of a reduction op: ``kind`` as in :func:`cuda_reduce.kernel_params`, the
     position of its ``dim`` argument (None: it reduces everything), its number of outputs."""
 
@@ -113,16 +146,14 @@ def reduction(kind: str, dim_at: int | None, outputs: int = 1) -> Callable[[tupl
         vt0, ivs, acc = kernel_params(kind, x.dtype, device.torch_version)
         out_size = torch.empty((), dtype=out_dtype).element_size() if kind not in ("any", "all") else 1
         sizes = (out_size, 8) if outputs == 2 else out_size
-        plan = reduce_plan(tuple(x.shape), tuple(x.stride()), _dims(dim, x.dim()), x.element_size(), acc, sizes,
-                           device.sm_count, device.max_threads_per_sm, vt0, ivs, device.torch_version,
-                           x.storage_offset())
-        return plan.steps() or None
+        return BySM((tuple(x.shape), tuple(x.stride()), tuple(_dims(dim, x.dim())), x.element_size(), acc, sizes,
+                     vt0, ivs, x.storage_offset()))
 
     return rule
 
 
 _aten = torch.ops.aten
-RULES: dict[Any, Callable[[tuple, dict, Device], list[Step] | None]] = {
+RULES: dict[Any, Callable[[tuple, dict, Device], list[Step] | BySM | None]] = {
     _aten._index_put_impl_.default: index_put_with_sort,
     _aten.index_put_.default: index_put_with_sort,
     _aten.index_put.default: index_put_with_sort,
@@ -151,3 +182,36 @@ RULES: dict[Any, Callable[[tuple, dict, Device], list[Step] | None]] = {
     _aten.any.default: reduction("any", None),
     _aten.all.default: reduction("all", None),
 }
+
+
+def resized_by_sm(trace: Any, sm_count: int, major: int, minor: int) -> list | None:
+    """The trace's events with its SM-dependent transients (``Trace.meta["by_sm"]``, written
+    by ``Tracer.transients_by_sm``) sized for a GPU with ``sm_count`` SMs of compute capability
+    ``major.minor``; None when they are the traced GPU's already (or the trace has none)."""
+    from xmem_engine.trace import ALLOC, FREE, Category, TraceEvent
+
+    by = trace.meta.get("by_sm")
+    threads = threads_per_sm(major, minor)
+    if not by or (int(sm_count), threads) == (by["sm_count"], by["max_threads_per_sm"]):
+        return None
+    events = trace.events
+    out: list = []
+    next_id = max((e.id for e in events), default=0) + 1
+    prev = 0
+    for at, n, plan_args, stream, op, module, phase, source, iteration in by["groups"]:
+        out.extend(events[prev:at])
+        prev = at + n
+        slots: dict[str, Any] = {}
+        for action, slot, nbytes in plan_steps(plan_args, sm_count, threads, by["torch_version"]):
+            if action == "alloc":
+                slots[slot] = TraceEvent(ALLOC, id=next_id, bytes=nbytes, stream=stream, category=Category.TEMPORARY,
+                                         op=op, module=module, phase=phase, dtype="uint8", shape=(nbytes,),
+                                         source=source, iteration=iteration)
+                next_id += 1
+                out.append(slots[slot])
+            else:
+                a = slots.pop(slot)
+                out.append(TraceEvent(FREE, id=a.id, bytes=a.bytes, stream=stream, category=a.category, op=op,
+                                      module=module, phase=phase, dtype="uint8", shape=a.shape, iteration=iteration))
+    out.extend(events[prev:])
+    return out

@@ -279,6 +279,10 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
         meta["notes"] = notes
     if tracer.module_types:
         meta["module_types"] = dict(tracer.module_types)
+    if tracer.by_sm:  # reduction buffers sized by the traced GPU's SM count: re-sized per GPU
+        d = tracer.cuda_device
+        meta["by_sm"] = {"sm_count": d.sm_count, "max_threads_per_sm": d.max_threads_per_sm,
+                         "torch_version": d.torch_version, "groups": tracer.by_sm}
     if tracer.sdpa_calls:
         meta["sdpa_calls"] = tracer.sdpa_calls  # their backend was chosen for this capability
     return Trace(events=events, mode=mode, seconds=seconds, meta=meta)

@@ -93,6 +93,7 @@ class Tracer:
             raise ValueError(f"mode must be 'fake' or 'real', not {mode!r}")
         self.vc = VirtualCuda(self, device)
         self.cuda_device = device_of(self.vc.props)  # the target GPU as cuda_temporaries' rules see it
+        self.by_sm: list[list] = []  # see transients_by_sm
         if allocator is None:
             # No capacity: the trace records every request; whether it fits is decided
             # downstream. device_total lets set_per_process_memory_fraction work.
@@ -179,6 +180,15 @@ class Tracer:
                 self.add_event(TraceEvent(FREE, id=a.id, bytes=a.bytes, stream=a.stream, category=a.category, op=op,
                                           module=module, phase=self.phase, dtype=a.dtype, shape=a.shape,
                                           iteration=self.iteration))
+
+    def transients_by_sm(self, func: Any, sized: Any) -> None:
+        """Transients whose sizes depend on the GPU's SM count (``cuda_temporaries.BySM``): made
+        for the traced GPU, and kept, with where they start and how many events they are, in
+        ``by_sm`` (``Trace.meta["by_sm"]``), so an estimate for another GPU sizes them again."""
+        at = len(self.events)
+        self.transients(func, sized.steps(self.cuda_device))
+        self.by_sm.append([at, len(self.events) - at, list(sized.plan_args), self.vc.current_stream.stream_id,
+                           op_name(func), self.current_module(), self.phase, user_frame(2), self.iteration])
 
     def register_root(self, module: torch.nn.Module, label: str) -> None:
         """Name a top-level module (its own ops are labelled ``label``)."""
