@@ -443,4 +443,10 @@ def _add_advise(sub) -> None:
     add_advise(sub)
 
 
-_SUBCOMMANDS: list = [_add_estimate, _add_advise, _add_trace, _add_replay, _add_simulate, _add_gpus]
+def _add_sweep(sub) -> None:
+    from xmem_engine.cli_sweep import add_sweep
+
+    add_sweep(sub)
+
+
+_SUBCOMMANDS: list = [_add_estimate, _add_advise, _add_sweep, _add_trace, _add_replay, _add_simulate, _add_gpus]

@@ -116,17 +116,20 @@ def top_level_literals(tree: ast.Module) -> dict[str, Any]:
     return knobs
 
 
-def parse_script(path: str | Path, overrides: dict[str, str] | None = None) -> ast.Module:
-    """The script's AST with ``overrides`` applied, on the file's own line numbers."""
+def parse_script(path: str | Path, overrides: dict[str, str] | None = None, source: str | None = None) -> ast.Module:
+    """The script's AST with ``overrides`` applied, on the file's own line numbers.
+    ``source``: the script's text as read earlier (a sweep's cluster node lacks the file);
+    ``path`` then only names it."""
     path = os.path.abspath(path)
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+    text = Path(path).read_text(encoding="utf-8") if source is None else source
+    tree = ast.parse(text, filename=path)
     return apply_overrides(tree, overrides, path) if overrides else tree
 
 
-def load_script(path: str | Path, overrides: dict[str, str] | None = None) -> Any:
+def load_script(path: str | Path, overrides: dict[str, str] | None = None, source: str | None = None) -> Any:
     """The script's code object, overrides applied. Raises FileNotFoundError, SyntaxError, OverrideError."""
     path = os.path.abspath(path)
-    return compile(parse_script(path, overrides), path, "exec", dont_inherit=True)
+    return compile(parse_script(path, overrides, source), path, "exec", dont_inherit=True)
 
 
 def as_set_text(value: Any) -> str:

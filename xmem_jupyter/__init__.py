@@ -7,7 +7,8 @@ Modules: magic (the magics), session (traces and estimates of one run, cached), 
 ipywidgets layout and its controls), charts (the Bokeh figures), flame (lifetimes ->
 stacked rectangles), timeline (allocated / reserved lines), report (static HTML + MIME
 bundle), progress, batching (the batch-size variable), cellcode (line numbers, iterations),
-config (per-notebook defaults), bokeh_loader (inline BokehJS that survives a page reload).
+config (per-notebook defaults), bokeh_loader (inline BokehJS that survives a page reload),
+sweep_view (an ``xmem sweep``'s heat map: peak per GPU x batch size, with the fit boundary).
 """
 
 from __future__ import annotations

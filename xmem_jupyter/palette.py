@@ -36,3 +36,11 @@ def palette() -> dict[str, dict[str, str]]:
     """The colours as the saved report carries them (``report.schema.json``, ``palette``)."""
     return {"categories": dict(CATEGORY_COLORS), "phases": dict(PHASE_COLORS), "device": dict(DEVICE_COLORS),
             "lines": dict(LINE_COLORS), "verdict": {"fits": FITS_COLOR, "nofit": NOFIT_COLOR}}
+
+
+#: the sweep heat map (sweep_view.py): a cell's peak as a share of its GPU's memory, light (little)
+#: to dark (nearly full): matplotlib's Blues
+HEAT_COLORS = ("#f7fbff", "#deebf7", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b")
+#: its other marks: cells that do not fit or failed, the fit boundary, the cells' text
+SWEEP_COLORS = {"nofit": "#ffc1c0", "failed": "#d0d7de", "boundary": "#cf222e", "text": "#1f2328",
+                "text_on_dark": "#ffffff", "grid": "#ffffff"}

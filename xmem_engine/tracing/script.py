@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 from pathlib import Path
@@ -22,12 +23,17 @@ def trace_script(
     device: dict | None = None,
     max_iterations: int | None = None,
     torch_version: str | None = None,
+    source: str | None = None,
 ) -> Trace:
     """Trace a training script as ``python SCRIPT`` would run it (``__name__ == "__main__"``,
     its directory first on ``sys.path``, ``sys.argv == [SCRIPT]``). ``max_iterations`` as in
-    :func:`xmem_engine.tracing.trace`."""
+    :func:`xmem_engine.tracing.trace`. ``source``: the script's text, read earlier (``xmem
+    sweep`` ships it to workers that may lack the file); ``path`` still names it, so
+    tracebacks and notes show the user's file and lines."""
     path = os.path.abspath(path)
-    code = load_script(path, overrides)
+    code = load_script(path, overrides, source)
+    if source is not None:  # the lines notes and tracebacks quote: this text, not the disk's
+        linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
     old_argv, old_path = sys.argv, list(sys.path)
     sys.argv = [path]
