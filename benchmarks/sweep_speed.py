@@ -132,11 +132,12 @@ def save_heatmap(rows: list, png: str) -> str:
     from xmem_jupyter.sweep_view import heat_map
 
     figs = [heat_map(rows, script=s) for s in dict.fromkeys(r.script for r in rows)]
-    html = str(Path(png).with_suffix(".html"))
-    save(column(*figs), html, resources=INLINE, title="xmem sweep")
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as pw:
+    # The HTML page is only the screenshot's source: it goes with the temporary folder.
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
+        html = str(Path(tmp) / "heatmap.html")
+        save(column(*figs), html, resources=INLINE, title="xmem sweep")
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium")
         page = browser.new_page(viewport={"width": 900, "height": 900})
         page.goto(Path(html).resolve().as_uri())
