@@ -333,8 +333,44 @@ def _add_estimate(sub) -> None:
     p.add_argument("--min-memory", action="store_true",
                    help="also find the least device memory the step runs in (min_device_bytes): the "
                    "allocator frees its cache when memory is short, so this is below the natural peak")
+    _add_world_arguments(p)
     p.add_argument("--force", action="store_true", help="overwrite existing --events / --snapshot files")
     p.set_defaults(func=_cmd_estimate)
+
+
+def _add_world_arguments(p) -> None:
+    g = p.add_argument_group("distributed (a script written for torchrun)")
+    g.add_argument("--world-size", type=int, metavar="N",
+                   help="estimate one rank of N processes: the script sees torchrun's environment (RANK, "
+                   "LOCAL_RANK, WORLD_SIZE) and init_process_group makes a fake group of N ranks")
+    g.add_argument("--rank", default=None, metavar="R|all",
+                   help="the rank to trace (default 0); all: trace every rank and report the largest peak")
+    g.add_argument("--gpus-per-node", type=int, default=None, metavar="G",
+                   help="GPUs per node, torchrun's --nproc-per-node (default 8): LOCAL_RANK = RANK %% G")
+
+
+def _world_args(args) -> tuple[list, bool]:
+    """The worlds to trace from --world-size / --rank / --gpus-per-node (checked before the script
+    runs), and whether --rank all asked for every rank."""
+    from xmem_engine.tracing.distributed import GPUS_PER_NODE, World
+
+    size, rank, per_node = args.world_size, args.rank, args.gpus_per_node
+    if size is None:
+        if rank is not None or per_node is not None:
+            raise InputError("--rank and --gpus-per-node need --world-size N (the number of processes torchrun starts)")
+        return [None], False
+    every = rank == "all"
+    if rank is None or every:
+        ranks = range(size) if every else [0]
+    else:
+        try:
+            ranks = [int(rank)]
+        except ValueError:
+            raise InputError(f"--rank {rank}: give a rank between 0 and {size - 1}, or all") from None
+    try:
+        return [World(size, r, per_node if per_node is not None else GPUS_PER_NODE) for r in ranks], every
+    except ValueError as e:
+        raise InputError(f"--world-size / --rank / --gpus-per-node: {e}") from None
 
 
 def _cmd_estimate(args) -> int:
@@ -356,9 +392,13 @@ def _cmd_estimate(args) -> int:
             raise InputError(f"--max-batch {args.max_batch} and --set {args.max_batch}=...: the search sets "
                              f"{args.max_batch} itself; drop one of them")
 
+    worlds, every_rank = _world_args(args)
+
     def run(ov: dict[str, str]):
-        return estimate_script(args.script, gpu, overrides=ov, mode=args.mode, alloc_conf=args.alloc_conf,
-                               torch_version=args.torch_version, iterations=args.iterations)
+        ests = [estimate_script(args.script, gpu, overrides=ov, mode=args.mode, alloc_conf=args.alloc_conf,
+                                torch_version=args.torch_version, iterations=args.iterations, world=w)
+                for w in worlds]
+        return _largest_rank(ests) if every_rank else ests[0]
 
     # With --json, stdout carries one JSON object: the script's own prints go to stderr.
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -401,6 +441,19 @@ def _cmd_estimate(args) -> int:
         if args.safe and est.fits and not est.fits_safely:
             print(f"  --safe: the range's high end, {est.safe_bytes / 2**30:.2f} GiB, does not fit")
     return EXIT_OK if (est.fits_safely if args.safe else est.fits) else EXIT_MISMATCH
+
+
+def _largest_rank(ests: list):
+    """``--rank all``: the rank with the largest peak, with every rank's peak beside it."""
+    best = max(ests, key=lambda e: (e.peak_device_bytes, -e.world["rank"]))
+    best.rank_peaks = {e.world["rank"]: e.peak_device_bytes for e in ests}
+    peaks = sorted(set(best.rank_peaks.values()))
+    if len(peaks) > 1:
+        best.notes.append("the ranks differ: " + ", ".join(
+            f"rank {r} {v / 2**30:.2f} GiB" for r, v in best.rank_peaks.items()))
+    else:
+        best.notes.append(f"all {len(ests)} ranks peak alike")
+    return best
 
 
 # --------------------------------------------------------------------------- gpus

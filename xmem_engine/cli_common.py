@@ -109,11 +109,25 @@ def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
         print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
         message = f"{script} raised {type(e).__name__}: {e} (mode {mode})"
         print(f"xmem {command}: {script} raised {type(e).__name__} (mode {mode})", file=sys.stderr)
+        hint = _torchrun_hint(e)
+        if hint:
+            print(f"xmem {command}: {hint}", file=sys.stderr)
+            message += f"; {hint}"
         raise ScriptFailed(message) from None
     except SystemExit as e:
         message = f"{script} exited with status {e.code}"
         print(f"xmem {command}: {message}", file=sys.stderr)
         raise ScriptFailed(message, status=e.code) from None
+
+
+def _torchrun_hint(e: BaseException) -> str | None:
+    """A script written for torchrun, run without --world-size, reads torchrun's variables."""
+    from xmem_engine.tracing.distributed import ENV_KEYS
+
+    if isinstance(e, KeyError) and e.args and e.args[0] in ENV_KEYS:
+        return (f"the script reads ${e.args[0]}, which torchrun sets: estimate one of its ranks with "
+                "--world-size N (and --rank R)")
+    return None
 
 
 def _xmem_failed(command: str, e: BaseException) -> XmemFailed:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -30,6 +30,9 @@ from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.gpus import GPU, get_gpu, load_catalog
 from xmem_engine.simulation.simulate import SimulationResult, simulate
 from xmem_engine.trace import ALLOC, Trace, TraceEvent
+
+if TYPE_CHECKING:
+    from xmem_engine.tracing.distributed import World
 
 REPORT_MIME = "application/vnd.xmem.report+json"
 REPORT_VERSION = 1
@@ -81,6 +84,9 @@ class Estimate:
     # Near the capacity: the peak with memory to spare, above what this GPU shows (None: the same)
     natural_peak_device_bytes: int | None = None
     peak_range: PeakRange | None = None  # the calibrated range around peak_device_bytes (calibration.py)
+    # A distributed run: the traced rank's world ({"size", "rank", "gpus_per_node"}); None: one process
+    world: dict | None = None
+    rank_peaks: dict[int, int] | None = None  # --rank all: each rank's peak device bytes (this is the largest)
     trace: Trace | None = field(default=None, repr=False, compare=False)
     # What the simulation read: the GPU's catalog entry, and the trace's events as a CUDA
     # run on that GPU makes them (library workspaces added): the timeline's x axis.
@@ -92,6 +98,10 @@ class Estimate:
         """The one-sentence verdict every view shows (the CLI, the widget, the saved report):
         "Peak 3.21 GiB of 7.75 GiB on NVIDIA GeForce RTX 4060 — fits (headroom 4.54 GiB)"."""
         head = f"Peak {gib(self.peak_device_bytes)} of {gib(self.capacity_bytes)} on {self.gpu_name}"
+        if self.world and self.world.get("size", 1) > 1:
+            who = (f"the largest of {len(self.rank_peaks)} ranks, rank {self.world['rank']}" if self.rank_peaks
+                   else f"rank {self.world['rank']}")
+            head += f" ({who} of {self.world['size']})"
         if self.fits:
             return f"{head} — fits (headroom {gib(self.headroom_bytes)})"
         if self.headroom_bytes < 0:
@@ -150,6 +160,8 @@ class Estimate:
             "min_device_bytes": self.min_device_bytes,
             "oom_event": self.oom_event,
             "headline": self.headline,
+            "world": self.world,
+            "rank_peaks": {str(k): v for k, v in self.rank_peaks.items()} if self.rank_peaks else None,
             "headline_detail": self.headline_detail,
             "natural_peak_device_bytes": self.natural_peak_device_bytes,
             "peak_device_bytes_low": self.peak_range.low_bytes if self.peak_range else None,
@@ -277,11 +289,13 @@ def estimate(
     torch_version: str | None = None,
     filename: str = "<cell>",
     iterations: int | None = None,
+    world: World | None = None,
 ) -> Estimate:
     """Estimate the GPU memory ``code`` (source text or a callable) needs on ``gpu``.
 
     ``iterations``: stop the code once that many training iterations have run (the peak is
     normally reached by the second), so a long training loop costs two iterations.
+    ``world``: estimate one rank of a distributed run (``tracing.distributed.World``).
     """
     from xmem_engine.tracing import trace
 
@@ -290,7 +304,7 @@ def estimate(
     _check_target_torch(torch_version)
     t0 = time.perf_counter()
     tr = trace(code, namespace, mode=mode, device=target.properties(), filename=filename,
-               max_iterations=iterations, torch_version=torch_version)
+               max_iterations=iterations, torch_version=torch_version, world=world)
     return estimate_trace(tr, target, cfg, torch_version=torch_version, started=t0)
 
 
@@ -303,8 +317,10 @@ def estimate_script(
     alloc_conf: str | AllocatorConfig | None = None,
     torch_version: str | None = None,
     iterations: int | None = None,
+    world: World | None = None,
 ) -> Estimate:
-    """Estimate for a training script written for CUDA (``--set`` style ``overrides``)."""
+    """Estimate for a training script written for CUDA (``--set`` style ``overrides``);
+    ``world``: one rank of a ``torchrun`` launch (``tracing.distributed.World``)."""
     from xmem_engine.tracing import trace_script
 
     target = resolve_gpu(gpu)
@@ -312,7 +328,7 @@ def estimate_script(
     _check_target_torch(torch_version)
     t0 = time.perf_counter()
     tr = trace_script(path, mode=mode, overrides=overrides, device=target.properties(),
-                      max_iterations=iterations, torch_version=torch_version)
+                      max_iterations=iterations, torch_version=torch_version, world=world)
     return estimate_trace(tr, target, cfg, torch_version=torch_version, started=t0)
 
 
@@ -410,6 +426,7 @@ def estimate_trace(
         oom_event=oom_event,
         natural_peak_device_bytes=natural,
         peak_range=rng,
+        world=dict(tr.meta["world"]) if tr.meta.get("world") else None,
         trace=tr,
         target=target,
         simulated_events=events,

@@ -20,7 +20,8 @@ Allocation categories
 ---------------------
 ``parameter``, ``buffer``, ``gradient``, ``optimizer_state``, ``activation`` (saved for
 backward), ``temporary``, ``input`` (data moved to the GPU), ``workspace`` (library
-scratch such as the cuBLAS workspace), ``other``.
+scratch such as the cuBLAS workspace), ``communication`` (buffers of collectives: DDP's
+gradient buckets, FSDP's gather and reduce-scatter buffers), ``other``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Category(Word):
     TEMPORARY = "temporary"
     INPUT = "input"
     WORKSPACE = "workspace"
+    COMMUNICATION = "communication"
     OTHER = "other"
 
 

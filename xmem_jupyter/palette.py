@@ -10,7 +10,7 @@ from __future__ import annotations
 
 #: the order categories are stacked and listed in
 CATEGORY_ORDER = ("parameter", "buffer", "optimizer_state", "gradient", "input", "activation",
-                  "temporary", "workspace", "other")
+                  "temporary", "workspace", "communication", "other")
 CATEGORY_COLORS = {  # in CATEGORY_ORDER (matplotlib's tab10/tab20)
     "parameter": "#1f77b4",
     "buffer": "#aec7e8",
@@ -20,6 +20,7 @@ CATEGORY_COLORS = {  # in CATEGORY_ORDER (matplotlib's tab10/tab20)
     "activation": "#2ca02c",
     "temporary": "#d62728",
     "workspace": "#7f7f7f",
+    "communication": "#17becf",
     "other": "#bcbd22",
 }
 #: the training phases, drawn as light bands behind the timelines

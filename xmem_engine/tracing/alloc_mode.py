@@ -164,7 +164,7 @@ class AllocMode(TorchDispatchMode):
                 for t in tensors_in(tuple(kwargs.values())):
                     tr.user_state.before_write(t)
         if self.fake_errors:
-            if tr.scope.target is not Device.GPU and not _has_fake_tensor(args) and not (kwargs and _has_fake_tensor(tuple(kwargs.values()))):
+            if (tr.scope.target is not Device.GPU or self._kept_on_host(args, kwargs)) and not _has_fake_tensor(args) and not (kwargs and _has_fake_tensor(tuple(kwargs.values()))):
                 factory = not _has_tensor(args) and not (kwargs and _has_tensor(tuple(kwargs.values())))
                 if not factory or not tr.factory_on_gpu():
                     return self._run_on_host(func, args, kwargs, factory)
@@ -284,11 +284,17 @@ class AllocMode(TorchDispatchMode):
         with unset_fake_temporarily():
             return func(*args, **kwargs)
 
+    def _kept_on_host(self, args: tuple, kwargs: dict) -> bool:
+        """A factory of a dtype the scope keeps on the host (the index tensors DDP's C++
+        reads back, in a scope that puts its buckets on the GPU)."""
+        keep = self.t.scope.host_dtypes
+        return bool(keep) and kwargs.get("dtype") in keep and not _has_tensor(args)
+
     def _on_gpu(self, args: tuple, kwargs: dict) -> bool:
         tr = self.t
         target = tr.scope.target
         if target is not None:
-            return target is Device.GPU
+            return target is Device.GPU and not self._kept_on_host(args, kwargs)
         live = tr.live
         found = False
         for x in (args, tuple(kwargs.values())):

@@ -24,7 +24,7 @@ from xmem_engine.tracing.sdpa import tracer_handler
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import as_torch_error, user_frame
 from xmem_engine.tracing.placeholders import placeholder
-from xmem_engine.tracing.scope import CPU, CUDA0, CallScope, Device
+from xmem_engine.tracing.scope import CPU, CallScope, Device
 from xmem_engine.tracing.tracer import Tracer
 
 _device_constructors = _device_mod._device_constructors
@@ -128,7 +128,7 @@ class DeviceMode(TorchFunctionMode):
 
     # -- device queries
     def _device(self, func: Any, args: tuple, kwargs: dict) -> torch.device:
-        return CUDA0 if self.t.is_gpu(args[0]) else func(*args, **kwargs)
+        return self.t.vc.device if self.t.is_gpu(args[0]) else func(*args, **kwargs)
 
     # -- transfers
     def _transfer(self, t: torch.Tensor, to_gpu: bool, dtype: Any, non_blocking: bool, memory_format: Any,
@@ -160,7 +160,7 @@ class DeviceMode(TorchFunctionMode):
             rest = rest[:2]
         if rest and isinstance(rest[0], torch.Tensor):
             other = rest[0]
-            device = CUDA0 if self.t.is_gpu(other) else other.device
+            device = self.t.vc.device if self.t.is_gpu(other) else other.device
             dtype = other.dtype
             non_blocking = bool(rest[1]) if len(rest) > 1 else kwargs.get("non_blocking", False)
             memory_format = kwargs.get("memory_format")
@@ -279,7 +279,7 @@ def fake_device_property(tracer: Tracer, mode: TorchFunctionMode) -> property:
             n = torch._C._len_torch_function_stack()
             for i in range(n - 1, -1, -1):
                 if torch._C._get_function_stack_at(i) is mode:
-                    return CUDA0
+                    return tracer.vc.device
         return d
 
     return property(device, orig.fset)

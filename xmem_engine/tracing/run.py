@@ -27,6 +27,7 @@ from xmem_engine.gpus.cuda_libraries import runs_convolutions, target_version
 from xmem_engine.trace import MODES, Mode, Trace
 from xmem_engine.tracing.alloc_mode import AllocMode
 from xmem_engine.tracing.device_mode import DeviceMode, fake_device_property
+from xmem_engine.tracing.distributed import World, simulated_world
 from xmem_engine.tracing.errors import (
     HostMemoryError,
     NeedsRealValues,
@@ -72,6 +73,7 @@ def trace(
     setup: Iterable[Callable[[Tracer], Any]] = (),
     max_iterations: int | None = None,
     torch_version: str | None = None,
+    world: World | None = None,
 ) -> Trace:
     """Run ``code`` (a no-argument callable, or source text / a compiled code object executed
     in a copy of ``namespace``) as if on a CUDA GPU; return the trace of its GPU memory requests.
@@ -87,6 +89,10 @@ def trace(
     ``max_iterations``: stop the code when
     iteration ``max_iterations`` would start (``trace.meta["stopped"]`` is then True): a
     long training loop costs only the iterations that show its steady state.
+    ``world``: the distributed rank to trace (``distributed.World``: world size, rank): the
+    code sees torchrun's environment for it, and its ``init_process_group`` makes torch's
+    fake process group of that size. Without it the environment is left alone, and a group
+    the code makes has one rank.
 
     ``trace.meta``: ``device`` (the target GPU's name), ``iterations`` (how many started),
     ``stopped`` (``max_iterations`` cut the code short), ``fallback`` (auto mode only: why
@@ -115,7 +121,7 @@ def trace(
                 t.cuda_device = dataclasses.replace(t.cuda_device, torch_version="%d.%d" % target)
 
             setup = [*setup, aim]
-        return _trace_modes(code, namespace, mode, allocator, device, setup, max_iterations)
+        return _trace_modes(code, namespace, mode, allocator, device, setup, max_iterations, world)
     except BaseException as e:
         if not trim_traceback(e):
             raise
@@ -126,7 +132,7 @@ def trace(
 
 
 def _trace_modes(code: Any, namespace: dict | None, mode: str, allocator: Any, device: dict | None,
-                 setup: Iterable[Callable[[Tracer], Any]], max_iterations: int | None) -> Trace:
+                 setup: Iterable[Callable[[Tracer], Any]], max_iterations: int | None, world: World | None) -> Trace:
     setup = list(setup)
     attempts = [Mode.FAKE, Mode.REAL] if mode == Mode.AUTO else [Mode(mode)]
     fallback = ""
@@ -140,7 +146,7 @@ def _trace_modes(code: Any, namespace: dict | None, mode: str, allocator: Any, d
                 f"it was not started. {_more_memory()}, or change that line so that fake mode can run it")
         failed: HostMemoryExceeded | None = None
         try:
-            tr = _trace_once(code, namespace, attempt, allocator, device, setup, max_iterations, budget)
+            tr = _trace_once(code, namespace, attempt, allocator, device, setup, max_iterations, world, budget)
         except HostMemoryExceeded as e:
             failed = e.with_traceback(None)  # its frames hold the real tensors: let them go now
         except NeedsRealValues as e:
@@ -200,9 +206,9 @@ def _is_plain(v: Any, depth: int = 0) -> bool:
 
 
 def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, device: dict | None,
-                setup: list[Callable[[Tracer], Any]], max_iterations: int | None,
+                setup: list[Callable[[Tracer], Any]], max_iterations: int | None, world: World | None,
                 budget: HostBudget | None = None) -> Trace:
-    tracer = Tracer(mode, allocator, device, max_iterations)
+    tracer = Tracer(mode, allocator, device, max_iterations, world)
     tracer.host_budget = budget
     for fn in setup:
         fn(tracer)
@@ -266,6 +272,8 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
     meta = {"device": props.name, "compute_capability": [props.major, props.minor],
             "iterations": tracer.iteration + 1, "stopped": tracer.stopped,
             "convolutions": runs_convolutions(events)}  # read on every GPU switch: found once
+    if world is not None:
+        meta["world"] = world.as_json()
     if tracer.real_ops:
         meta["real_ops"] = dict(tracer.real_ops)  # fake mode: these ran for real, one call at a time
     notes = list(tracer.notes)
@@ -351,6 +359,8 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         if tracer.fake:
             stack.enter_context(patched_attr(FakeTensor, "device", fake_device_property(tracer, device_mode)))
         stack.enter_context(device_mode)
+        # torchrun's environment and torch.distributed's fake process group (distributed.py)
+        stack.enter_context(simulated_world(tracer, tracer.world, device_mode))
         for name in ("scaled_dot_product_attention", "dropout"):  # as in forward, in a recomputation too
             orig = getattr(torch.nn.functional, name)
             stack.enter_context(patched_attr(torch.nn.functional, name,

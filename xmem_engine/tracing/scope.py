@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from xmem_engine.trace import Word
+from xmem_engine.trace import Category, Word
 
 
 class Device(Word):
@@ -33,7 +33,8 @@ class CallScope:
     explicit: bool = False  # the user moved data to the GPU: its storages are "input"
     args: tuple | None = None  # the call's arguments (a factory inside it follows their device)
     gpu_args: bool | None = None  # cache: do ``args`` hold a GPU storage (None: not looked yet)
+    category: Category | None = None  # what the storages made in it hold, where the call knows
+    host_dtypes: tuple = ()  # factories of these dtypes stay on the host, whatever ``target`` says
 
 
-CUDA0 = torch.device("cuda", 0)  # what a tensor on the virtual GPU reports as its device
 CPU = torch.device("cpu")  # where it really is

@@ -24,6 +24,7 @@ def trace_script(
     max_iterations: int | None = None,
     torch_version: str | None = None,
     source: str | None = None,
+    world: Any = None,
 ) -> Trace:
     """Trace a training script as ``python SCRIPT`` would run it (``__name__ == "__main__"``,
     its directory first on ``sys.path``, ``sys.argv == [SCRIPT]``). ``max_iterations`` as in
@@ -40,7 +41,7 @@ def trace_script(
     sys.path.insert(0, os.path.dirname(path))
     try:
         tr = trace(code, namespace, mode=mode, allocator=allocator, device=device, filename=path,
-                   max_iterations=max_iterations, torch_version=torch_version)
+                   max_iterations=max_iterations, torch_version=torch_version, world=world)
     finally:
         sys.argv = old_argv
         sys.path[:] = old_path

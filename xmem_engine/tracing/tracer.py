@@ -42,6 +42,7 @@ from xmem_engine.tracing.frames import as_torch_error, op_name, user_frame
 from xmem_engine.tracing.patches import patched_attr
 from xmem_engine.tracing.scope import CallScope
 from xmem_engine.tracing.cuda_temporaries import device_of
+from xmem_engine.tracing.distributed import World
 from xmem_engine.tracing.guesses import Guesses
 from xmem_engine.tracing.host_memory import HostBudget
 from xmem_engine.tracing.shadow_values import Shadows
@@ -58,6 +59,7 @@ _RANK = {
     Category.ACTIVATION: 2,
     Category.WORKSPACE: 3,
     Category.INPUT: 3,
+    Category.COMMUNICATION: 4,  # a DDP bucket whose views are the gradients is a gradient
     Category.GRADIENT: 5,
     Category.OPTIMIZER_STATE: 5,
     Category.PARAMETER: 6,
@@ -88,10 +90,12 @@ class Tracer:
     """Records one run of user code. Use :func:`trace` / :func:`trace_script` rather than this."""
 
     def __init__(self, mode: str, allocator: Any = None, device: dict | None = None,
-                 max_iterations: int | None = None):
+                 max_iterations: int | None = None, world: World | None = None):
         if mode not in ("fake", "real"):
             raise ValueError(f"mode must be 'fake' or 'real', not {mode!r}")
-        self.vc = VirtualCuda(self, device)
+        self.world = world  # the distributed rank traced, when one was named (distributed.py)
+        w = world or World()
+        self.vc = VirtualCuda(self, device, index=w.local_rank, count=w.local_size)
         self.cuda_device = device_of(self.vc.props)  # the target GPU as cuda_temporaries' rules see it
         self.by_sm: list[list] = []  # see transients_by_sm
         if allocator is None:
@@ -272,7 +276,9 @@ class Tracer:
             ev = None
             block = None
             if nbytes > 0:
-                if self.scope.explicit and not self._module_stack and self.phase in (Phase.OTHER, Phase.FORWARD):
+                if self.scope.category is not None:
+                    category = self.scope.category
+                elif self.scope.explicit and not self._module_stack and self.phase in (Phase.OTHER, Phase.FORWARD):
                     category = Category.INPUT
                 elif self.phase == Phase.OTHER:
                     category = Category.OTHER

@@ -164,8 +164,12 @@ class _StreamContext:
 class VirtualCuda:
     """The state of the virtual device: target properties, streams, and the tracer to ask."""
 
-    def __init__(self, tracer: Recorder, device: dict | None = None):
+    def __init__(self, tracer: Recorder, device: dict | None = None, index: int = 0, count: int = 1):
         self.tracer = tracer
+        # The node's GPUs as the code sees them (``device_count``), and the one traced: a
+        # distributed rank's (its LOCAL_RANK), where all of its storages go.
+        self.index, self.count = index, count
+        self.device = torch.device("cuda", index)
         self.props = DeviceProperties.from_dict(device)
         # The CUDA context the process holds on the target GPU: mem_get_info's "free" leaves it out.
         self.context_bytes = int((device or DEFAULT_DEVICE).get("context_bytes", DEFAULT_DEVICE["context_bytes"]))
@@ -183,8 +187,15 @@ class VirtualCuda:
         p = self.props
 
         def _stats_device(device: Any = None) -> None:
-            if device is not None and _device_index(device) != 0:
-                raise RuntimeError(f"Invalid device argument {device}: the virtual GPU has one device")
+            if device is not None and _device_index(device, self.index) != self.index:
+                raise RuntimeError(f"Invalid device argument {device}: xmem traces the GPU of one process, "
+                                   f"cuda:{self.index}")
+
+        def set_device(device: Any) -> None:
+            i = _device_index(device, self.index)
+            if not 0 <= i < self.count:
+                raise RuntimeError(f"CUDA error: invalid device ordinal (cuda:{i}; the virtual node has "
+                                   f"{self.count} GPU{'s' if self.count != 1 else ''}: --world-size / --gpus-per-node)")
 
         def memory_allocated(device: Any = None) -> int:
             _stats_device(device)
@@ -269,9 +280,9 @@ class VirtualCuda:
             "is_initialized": lambda: True,
             "init": lambda: None,
             "_lazy_init": lambda: None,
-            "device_count": lambda: 1,
-            "current_device": lambda: 0,
-            "set_device": lambda device: None,
+            "device_count": lambda: self.count,
+            "current_device": lambda: self.index,
+            "set_device": set_device,
             "get_device_name": lambda device=None: p.name,
             "get_device_capability": lambda device=None: (p.major, p.minor),
             "get_device_properties": lambda device=None: p,
@@ -320,13 +331,16 @@ class _DeviceContext(contextlib.nullcontext):
         self.idx = _device_index(device)
 
 
-def _device_index(device: Any) -> int:
+def _device_index(device: Any, current: int = 0) -> int:
+    """The index ``device`` names (``None`` and a bare ``"cuda"``: the current device)."""
     if device is None:
-        return 0
+        return current
     if isinstance(device, int):
         return device
     d = torch.device(device) if isinstance(device, str) else device
-    return d.index or 0 if isinstance(d, torch.device) else 0
+    if not isinstance(d, torch.device) or d.index is None:
+        return current
+    return d.index
 
 
 def _autocast_methods(vc: "VirtualCuda") -> tuple[Callable, Callable]:
@@ -461,12 +475,12 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
             fns = vc.functions()
             generic = {
                 "is_available": lambda *a, **k: True,
-                "device_count": lambda *a, **k: 1,
+                "device_count": lambda *a, **k: vc.count,
                 "current_accelerator": lambda *a, **k: torch.device("cuda"),
-                "current_device_index": lambda *a, **k: 0,
-                "current_device_idx": lambda *a, **k: 0,
-                "set_device_index": lambda *a, **k: None,
-                "set_device_idx": lambda *a, **k: None,
+                "current_device_index": lambda *a, **k: vc.index,
+                "current_device_idx": lambda *a, **k: vc.index,
+                "set_device_index": lambda device, *a, **k: fns["set_device"](device),
+                "set_device_idx": lambda device, *a, **k: fns["set_device"](device),
                 "current_stream": lambda *a, **k: vc.current_stream,
                 "get_device_capability": lambda *a, **k: (vc.props.major, vc.props.minor),
             }

@@ -1,0 +1,150 @@
+"""Scripts written for torchrun, traced one rank at a time (tracing/distributed.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from xmem_engine.trace import Category
+from xmem_engine.tracing import trace
+from xmem_engine.tracing.distributed import World, available
+
+pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no torch.distributed")
+
+MODES = ["fake", "real"]
+MiB = 1 << 20
+
+TORCHRUN = """
+import os
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")                      # torchrun's rendezvous: env://
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+seen = (dist.get_world_size(), dist.get_rank(), local_rank, int(os.environ["LOCAL_WORLD_SIZE"]),
+        torch.cuda.current_device(), torch.cuda.device_count(), dist.get_backend())
+x = torch.ones(4, device="cuda")
+dist.all_reduce(x)                                   # every rank holds the same: a sum is N of them
+total = float(x.sum())
+device = str(x.device)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_script_sees_the_rank_it_is_traced_as(mode):
+    ns: dict = {}
+    tr = trace(TORCHRUN, ns, mode=mode, world=World(16, rank=11))
+    size, rank, local_rank, local_size, current, count, backend = ns["seen"]
+    assert (size, rank, local_rank, local_size, current, count) == (16, 11, 3, 8, 3, 8)
+    assert backend == "xmem"
+    assert ns["device"] == "cuda:3"
+    if mode == "real":
+        assert ns["total"] == 4 * 16
+    assert tr.meta["world"] == {"size": 16, "rank": 11, "gpus_per_node": 8}
+
+
+def test_nothing_of_the_world_stays_behind():
+    before = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    src = TORCHRUN.replace("dist.destroy_process_group()", "")  # left initialized by the code
+    trace(src, {}, mode="fake", world=World(4))
+    assert {k: os.environ.get(k) for k in before} == before
+    assert not dist.is_initialized()
+    assert "XMEM" not in dist.Backend._plugins and "xmem" not in dist.Backend.backend_capability
+
+
+def test_without_a_world_the_environment_is_left_alone():
+    """nanoGPT picks DDP by ``int(os.environ.get('RANK', -1)) != -1``: a plain estimate must not."""
+    ns: dict = {}
+    trace("import os\nddp = int(os.environ.get('RANK', -1)) != -1", ns, mode="fake")
+    assert ns["ddp"] is ("RANK" in os.environ)
+
+
+def test_explicit_world_arguments_must_agree():
+    src = "import torch.distributed as dist\ndist.init_process_group('gloo', rank=0, world_size=2)"
+    with pytest.raises(ValueError, match="world of 8"):
+        trace(src, {}, mode="fake", world=World(8))
+
+
+def test_world_checks_its_numbers():
+    with pytest.raises(ValueError, match="between 0 and 3"):
+        World(4, rank=4)
+    with pytest.raises(ValueError, match="at least 1"):
+        World(0)
+
+
+DDP = """
+import os
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("nccl")
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(8)]).cuda()   # 8 x 4 MiB + 4 KiB
+model = DDP(model, device_ids=[local_rank], bucket_cap_mb=CAP, gradient_as_bucket_view=VIEW)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    loss = model(torch.randn(64, 1024, device="cuda")).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+dist.destroy_process_group()
+"""
+
+
+def _ddp(mode: str, cap: int, view: bool):
+    src = DDP.replace("CAP", str(cap)).replace("VIEW", str(view))
+    return trace(src, {}, mode=mode, world=World(8))
+
+
+def _buckets(tr, built: bool) -> list[int]:
+    """The reducer's buckets (communication buffers from a factory): those made with the
+    model's wrapping (``built``), or those of the rebuild after the first backward."""
+    return [e.bytes for e in tr.events if e.kind == "alloc" and e.category == Category.COMMUNICATION
+            and e.op.startswith("aten.empty") and (e.iteration < 0) == built]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ddp_buckets_follow_bucket_cap_mb(mode):
+    """distributed.py / reducer.cpp: the first iteration runs with one bucket (the order of
+    the gradients is not known yet); then the buckets are rebuilt in the order backward made
+    them, each closing once it holds ``bucket_cap_mb``. Either way they hold every gradient once."""
+    layer = (1024 * 1024 + 1024) * 4
+    params = 8 * layer
+    for cap in (10, 25):
+        tr = _ddp(mode, cap, view=False)
+        assert _buckets(tr, built=True) == [params]
+        buckets = _buckets(tr, built=False)
+        assert sum(buckets) == params
+        full = -(-cap * MiB // layer)  # layers it takes to reach the cap
+        assert buckets[:-1] == [full * layer] * (len(buckets) - 1)
+        assert len(buckets) == -(-8 // full)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradient_as_bucket_view_saves_a_copy_of_the_gradients(mode):
+    """With views, the buckets are the gradients; without, both are kept. (With views each
+    gradient still appears for a moment, as autograd makes it, before it is copied into its
+    bucket and dropped: the saving is a little less than all of them.)"""
+    from xmem_engine.simulation.simulate import simulate
+
+    layer = (1024 * 1024 + 1024) * 4
+    copies = simulate(_ddp(mode, 25, view=False).events)
+    views = simulate(_ddp(mode, 25, view=True).events)
+    saved = copies.peak_allocated_bytes - views.peak_allocated_bytes
+    assert 6 * layer <= saved <= 8 * layer
+    assert views.breakdown.get("gradient", 0) >= 8 * layer
+
+
+def test_ddp_in_fake_mode_allocates_as_in_real_mode():
+    """The same requests, and the same peak (a 68-byte index tensor of the rebuild is freed a
+    step earlier in real mode)."""
+    from xmem_engine.simulation.simulate import simulate
+
+    fake, real = _ddp("fake", 25, False), _ddp("real", 25, False)
+    key = lambda tr: sorted((e.bytes, str(e.category)) for e in tr.events if e.kind == "alloc")  # noqa: E731
+    assert key(fake) == key(real)
+    assert simulate(fake.events).peak_allocated_bytes == simulate(real.events).peak_allocated_bytes
