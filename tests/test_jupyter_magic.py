@@ -206,3 +206,32 @@ def test_one_result_per_cell_holds_the_widget_and_its_report(ip, ns, monkeypatch
     widget.gpu_dropdown.value = widget.gpu_dropdown.options[-1][1]
     assert updates and updates[-1]["application/vnd.jupyter.widget-view+json"]["model_id"] == model_id
     assert updates[-1][REPORT_MIME]["gpu"] == widget.est.gpu != "T4"
+
+
+DDP_CELL = """
+import os, torch, torch.nn as nn, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("nccl")
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+ddp = DDP(nn.Linear(1024, 1024).cuda(), device_ids=[local_rank])
+ddp(torch.randn(8, 1024, device="cuda")).sum().backward()
+seen = (dist.get_world_size(), dist.get_rank(), local_rank)
+"""
+
+
+def test_world_size_traces_one_rank_and_leaves_no_group(ip, ns, capsys):
+    import os
+
+    import torch.distributed as dist
+
+    res = _run(ip, "%%xmem --quiet --gpu a100 --world-size 16 --rank 9 -o est\n" + DDP_CELL)
+    assert res.success, res.error_in_exec
+    assert ns["seen"] == (16, 9, 1)
+    assert ns["est"].world == {"size": 16, "rank": 9, "gpus_per_node": 8}
+    assert "rank 9 of 16" in ns["est"].headline
+    assert ns["est"].breakdown.get("communication", 0) > 0 or any(
+        e.category == "communication" for e in ns["est"].trace.events)
+    assert not dist.is_initialized() and "LOCAL_RANK" not in os.environ
+    res = _run(ip, "%%xmem --quiet --rank 2\nx = 1")
+    assert not res.success and "--rank needs --world-size" in str(res.error_in_exec)

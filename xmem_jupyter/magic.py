@@ -71,6 +71,10 @@ class XmemMagics(Magics):
     @argument("-o", "--output", metavar="NAME",
               help="store the Estimate object in this variable (with --advise: the Advice, whose .baseline "
                    "is the Estimate and .levers each change's)")
+    @argument("--world-size", type=int, default=None, metavar="N",
+              help="one rank of a distributed run of N processes (a cell written for torchrun: "
+              "init_process_group, DDP, FSDP); the figures are that rank's GPU")
+    @argument("--rank", type=int, default=None, metavar="R", help="the rank traced (default 0; needs --world-size)")
     @argument("--quiet", "-q", action="store_true", help="no widget: print one line")
     @argument("--max-batch", action="store_true",
               help="search the largest batch size that fits each GPU (needs --batch-var)")
@@ -158,6 +162,15 @@ class XmemMagics(Magics):
             require_native(parse_alloc_conf(session.alloc_conf))
         except Exception as e:  # the allocator's own error text says what is wrong
             raise UsageError(f"--alloc-conf: {e}") from None
+        if args.world_size is not None or args.rank is not None:
+            from xmem_engine.tracing.distributed import World
+
+            if args.world_size is None:
+                raise UsageError("--rank needs --world-size N (the number of processes torchrun starts)")
+            try:
+                session.world = World(args.world_size, args.rank or 0)
+            except ValueError as e:
+                raise UsageError(f"--world-size / --rank: {e}") from None
         if args.max_batch and not args.batch_var:
             raise UsageError("--max-batch needs --batch-var VAR (the variable that holds the batch size)")
         if args.batch_var:

@@ -15,6 +15,7 @@ from typing import Callable
 from xmem_engine.simulation.alloc_conf import parse_alloc_conf
 from xmem_engine.estimate import SEARCH_LIMIT, BatchSearch, Estimate, estimate_trace, max_batch, resolve_gpu
 from xmem_engine.trace import Trace
+from xmem_engine.tracing.distributed import World
 
 from xmem_jupyter.batching import with_batch
 from xmem_jupyter.cellcode import compile_cell
@@ -47,6 +48,7 @@ class Session:
     batch_values: list[int] = field(default_factory=list)
     batch: int | None = None  # the batch size of the first trace
     iterations: int = 1  # run the cell this many times
+    world: World | None = None  # one rank of a distributed run (--world-size / --rank)
     traces: dict[int | None, Trace] = field(default_factory=dict)
     estimates: dict[tuple, Estimate] = field(default_factory=dict)
     searches: dict[tuple[str, str], BatchSearch] = field(default_factory=dict)  # (gpu, conf) -> the search
@@ -82,7 +84,8 @@ class Session:
                 ns[self.batch_var] = batch
         target = resolve_gpu(gpu or self.gpus[0])
         code = compile_cell(source, self.filename, self.iterations)
-        return trace(code, ns, mode=self.mode, device=target.properties(), filename=self.filename, setup=setup)
+        return trace(code, ns, mode=self.mode, device=target.properties(), filename=self.filename, setup=setup,
+                     world=self.world)
 
     def estimate(self, batch: int | None, gpu: str, conf: str | None = None,
                  setup: tuple[Callable, ...] = ()) -> Estimate:
