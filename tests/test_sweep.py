@@ -289,3 +289,33 @@ def test_heat_map_shows_peaks_and_the_fit_boundary(serial_rows):
     from xmem_jupyter.sweep_view import sweep_view
 
     assert len(sweep_view(serial_rows).children) == 2  # the shared BokehJS loader, then the heat map
+
+
+FSDP_LIKE = """
+import os
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")
+world = dist.get_world_size()
+shard = torch.empty(4 * 2**20 // world, device="cuda")      # 16 MiB of states, sharded
+full = torch.empty(4 * 2**20 // world * world, device="cuda")
+dist.all_gather_into_tensor(full, shard)
+del full
+dist.destroy_process_group()
+"""
+
+
+def test_world_sizes_are_a_dimension_of_the_grid(tmp_path):
+    """Each world size is traced (rank 0 of it), every row says which, and a second run of the
+    same command finds them all done."""
+    script = tmp_path / "sharded.py"
+    script.write_text(FSDP_LIKE)
+    out = tmp_path / "rows.jsonl"
+    rows = sweep(str(script), ["T4", "L4"], world_sizes=[1, 4], out=str(out), engine="serial")
+    assert [(r.world_size, r.gpu) for r in rows] == [(1, "T4"), (1, "L4"), (4, "T4"), (4, "L4")]
+    assert all(r.status == "ok" for r in rows), [r.error for r in rows]
+    one, four = rows[0].peak_allocated_bytes, rows[2].peak_allocated_bytes
+    assert one - four == 16 * 2**20 - 4 * 2**20  # the shard: all of it at 1 rank, a quarter at 4
+    again = sweep(str(script), ["T4", "L4"], world_sizes=[1, 4], out=str(out), engine="serial",
+                  progress=lambda done, total: pytest.fail("a point ran again"))
+    assert [r.result() for r in again] == [r.result() for r in rows]
+    assert main(["sweep", str(script), "--world-size", "2,x", "--out", str(tmp_path / "r.csv")]) == 2

@@ -57,6 +57,9 @@ def add_sweep(sub) -> None:
                    help="ray engine: the cluster (auto, ray://host:10001, host:6379); default: Ray's own "
                    "($RAY_ADDRESS, else a cluster running here, else a new local one)")
     p.add_argument("--mode", choices=MODES, default="auto")
+    p.add_argument("--world-size", dest="world_sizes", metavar="N[,N...]",
+                   help="scripts written for torchrun: estimate rank 0 of each of these world sizes (re-traced "
+                   "per size)")
     p.add_argument("--iterations", type=int, metavar="N", help="trace at most N iterations of the training loop")
     p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=_torch_version_arg,
                    help="estimate for this PyTorch version on the GPU (default: the installed one)")
@@ -74,11 +77,18 @@ def _cmd_sweep(args) -> int:
     for script in args.scripts:
         if os.path.exists(args.out) and os.path.exists(script) and os.path.samefile(args.out, script):
             raise InputError(f"--out {args.out}: that is the input {script}; write the output to another file")
+    worlds = None
+    if args.world_sizes:
+        try:
+            worlds = [int(w) for w in args.world_sizes.split(",")]
+        except ValueError:
+            raise InputError(f"--world-size {args.world_sizes}: give whole numbers, e.g. --world-size 1,2,8") from None
     try:
         settings = parse_set(args.overrides)
         rows = sweep(args.scripts, gpus, settings, args.alloc_confs, max_batch=args.max_batch, mode=args.mode,
                      iterations=args.iterations, torch_version=args.torch_version, safe=args.safe, exact=args.exact,
-                     out=args.out, fresh=args.force, engine=args.engine, workers=args.workers, address=args.address,
+                     world_sizes=worlds, out=args.out, fresh=args.force, engine=args.engine, workers=args.workers,
+                     address=args.address,
                      progress=not args.quiet)
     except SweepInputError as e:
         raise InputError(str(e)) from None
@@ -98,13 +108,14 @@ def summary(rows: list, out: str) -> str:
     lines = []
     groups: dict[tuple, list] = {}
     for r in rows:
-        groups.setdefault((r.script, r.gpu, r.alloc_conf), []).append(r)
+        groups.setdefault((r.script, r.gpu, r.alloc_conf, r.world_size), []).append(r)
     confs = {r.alloc_conf for r in rows}
-    for (script, gpu, conf), rs in groups.items():
+    for (script, gpu, conf, world), rs in groups.items():
         points = [r for r in rs if r.kind == "point"]
         ok = [r for r in points if r.status == "ok"]
         fit = [r for r in ok if r.fits]
-        text = f"{script} on {gpu}" + (f" [{conf or 'defaults'}]" if len(confs) > 1 else "") + ":"
+        text = (f"{script} on {gpu}" + (f" x {world} ranks" if world else "")
+                + (f" [{conf or 'defaults'}]" if len(confs) > 1 else "") + ":")
         if points:
             text += f" {len(fit)}/{len(points)} points fit"
         if ok:

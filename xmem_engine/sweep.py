@@ -66,6 +66,7 @@ class Row:
     gpu: str
     alloc_conf: str
     status: str
+    world_size: int | None = None  # --world-size: one rank (0) of that many processes; None: one process
     fits: bool | None = None
     fits_safely: bool | None = None  # the calibrated range's high end fits too
     peak_device_bytes: int | None = None
@@ -90,7 +91,7 @@ class Row:
     @property
     def key(self) -> tuple:
         """What identifies the point: a resumed sweep skips rows with the same key."""
-        return point_key(self.kind, self.script, self.settings, self.gpu, self.alloc_conf)
+        return point_key(self.kind, self.script, self.settings, self.gpu, self.alloc_conf, self.world_size)
 
     def result(self) -> dict[str, Any]:
         """The row without its timings: what must not depend on the engine."""
@@ -115,6 +116,7 @@ class Unit:
     start: int = 1
     safe: bool = False
     threads: int | None = None  # torch threads in the worker (1 where several workers share the cores)
+    world_size: int | None = None  # trace rank 0 of this many processes (None: one process)
 
     @property
     def points(self) -> int:
@@ -133,14 +135,16 @@ def plan(grid: Grid, done: Iterable[tuple] = ()) -> list[Unit]:
         if kind == "max_batch" and not grid.max_batch:
             continue
         for script in grid.scripts:
-            for combo in combos:
-                for gpus in groups:
-                    todo = [(g, c) for g in gpus for c in grid.alloc_confs
-                            if point_key(kind, script, combo, g, c) not in done]
-                    if todo:
-                        units.append(Unit(script, os.path.abspath(script), grid.sources[script], combo, todo,
-                                          gpus[0], **common, search=grid.max_batch if kind == "max_batch" else None,
-                                          start=grid.starts.get(script, 1), safe=grid.safe))
+            for world in grid.worlds:
+                for combo in combos:
+                    for gpus in groups:
+                        todo = [(g, c) for g in gpus for c in grid.alloc_confs
+                                if point_key(kind, script, combo, g, c, world) not in done]
+                        if todo:
+                            units.append(Unit(script, os.path.abspath(script), grid.sources[script], combo, todo,
+                                              gpus[0], **common,
+                                              search=grid.max_batch if kind == "max_batch" else None,
+                                              start=grid.starts.get(script, 1), safe=grid.safe, world_size=world))
     return units
 
 
@@ -162,9 +166,12 @@ def _trace(unit: Unit, settings: dict[str, str]) -> Any:
     from xmem_engine.estimate import resolve_gpu
     from xmem_engine.tracing import trace_script
 
+    from xmem_engine.tracing.distributed import World
+
     return trace_script(unit.path, mode=unit.mode, overrides=settings,
                         device=resolve_gpu(unit.traced_for).properties(), max_iterations=unit.iterations,
-                        torch_version=unit.torch_version, source=unit.source)
+                        torch_version=unit.torch_version, source=unit.source,
+                        world=World(unit.world_size) if unit.world_size else None)
 
 
 def _point_rows(unit: Unit) -> list[Row]:
@@ -237,7 +244,7 @@ def _search_rows(unit: Unit) -> list[Row]:
 def _row(unit: Unit, kind: str, settings: dict[str, str], gpu: str, conf: str, est: Any) -> Row:
     """A row from the engine's estimate: every figure is the estimate's own."""
     return Row(kind=kind, script=unit.script, settings=dict(settings), gpu=gpu, alloc_conf=conf, status="ok",
-               fits=est.fits, fits_safely=est.fits_safely, peak_device_bytes=est.peak_device_bytes,
+               world_size=unit.world_size, fits=est.fits, fits_safely=est.fits_safely, peak_device_bytes=est.peak_device_bytes,
                peak_device_bytes_high=est.peak_range.high_bytes if est.peak_range else None,
                capacity_bytes=est.capacity_bytes, headroom_bytes=est.headroom_bytes,
                peak_allocated_bytes=est.peak_allocated_bytes, peak_reserved_bytes=est.peak_reserved_bytes,
@@ -248,7 +255,8 @@ def _row(unit: Unit, kind: str, settings: dict[str, str], gpu: str, conf: str, e
 
 def _failed(unit: Unit, gpu: str, conf: str, error: str, seconds: float = 0.0) -> Row:
     return Row(kind="max_batch" if unit.search else "point", script=unit.script, settings=dict(unit.settings),
-               gpu=gpu, alloc_conf=conf, status="failed", variable=unit.search or "", traced_for=unit.traced_for,
+               gpu=gpu, alloc_conf=conf, status="failed", world_size=unit.world_size, variable=unit.search or "",
+               traced_for=unit.traced_for,
                seconds=seconds, error=error)
 
 
@@ -391,6 +399,7 @@ def sweep(
     torch_version: str | None = None,
     safe: bool = False,
     exact: bool = False,
+    world_sizes: list[int] | None = None,
     out: str | None = None,
     fresh: bool = False,
     engine: str = "local",
@@ -408,6 +417,8 @@ def sweep(
     ``progress``: True for a progress bar on stderr, or a callable ``(done, total)``.
     ``exact``: trace for every GPU rather than re-simulate one trace: for attention, whose
     backend the trace picked for the first GPU's architecture (see the module's doc).
+    ``world_sizes``: also cross these world sizes, each point rank 0 of a ``torchrun`` launch of
+    that many processes (``xmem estimate --world-size``); rows carry ``world_size``.
     Ctrl-C raises :class:`SweepInterrupted` (a ``KeyboardInterrupt``) with the rows kept.
     The local engine spawns its workers, which import the caller's main module: in a script,
     call this under ``if __name__ == "__main__":`` (as any ``multiprocessing`` code).
@@ -427,7 +438,7 @@ def sweep(
                      [gpus] if isinstance(gpus, str) else list(gpus),
                      {k: [str(v) for v in vs] for k, vs in (settings or {}).items()}, alloc_confs,
                      max_batch=max_batch, mode=mode, iterations=iterations, torch_version=torch_version, safe=safe,
-                     exact=exact)
+                     exact=exact, worlds=world_sizes)
     try:
         store = Output(out, Row, list(grid.settings), fresh=fresh) if out else None
     except OutputError as e:

@@ -22,8 +22,9 @@ class SweepInputError(ValueError):
     any tracing starts."""
 
 
-def point_key(kind: str, script: str, settings: dict[str, str], gpu: str, alloc_conf: str) -> tuple:
-    return (kind, script, tuple(sorted(settings.items())), gpu, alloc_conf)
+def point_key(kind: str, script: str, settings: dict[str, str], gpu: str, alloc_conf: str,
+              world_size: int | None = None) -> tuple:
+    return (kind, script, tuple(sorted(settings.items())), gpu, alloc_conf, world_size)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Grid:
     torch_version: str | None = None
     safe: bool = False
     exact: bool = False  # a trace for every GPU instead of one re-simulated for all (sweep.plan)
+    worlds: list[int | None] = field(default_factory=lambda: [None])  # --world-size values (None: one process)
 
     def combos(self, leave_out: str | None = None) -> list[dict[str, str]]:
         """Every combination of the ``--set`` values (one empty one without ``--set``)."""
@@ -53,9 +55,10 @@ class Grid:
 
     def keys(self) -> list[tuple]:
         """Every point's key in grid order: points first, then the max_batch searches."""
-        out = [point_key("point", s, c, g, a) for s in self.scripts for c in self.combos() for g, a in self.targets()]
+        out = [point_key("point", s, c, g, a, w) for s in self.scripts for w in self.worlds for c in self.combos()
+               for g, a in self.targets()]
         if self.max_batch:
-            out += [point_key("max_batch", s, c, g, a) for s in self.scripts
+            out += [point_key("max_batch", s, c, g, a, w) for s in self.scripts for w in self.worlds
                     for c in self.combos(self.max_batch) for g, a in self.targets()]
         return out
 
@@ -110,6 +113,7 @@ def make_grid(
     torch_version: str | None = None,
     safe: bool = False,
     exact: bool = False,
+    worlds: list[int] | None = None,
 ) -> Grid:
     """The grid, every input checked before anything is traced (:class:`SweepInputError`):
     each script readable and valid Python, assigning every ``--set`` variable at top level;
@@ -156,6 +160,9 @@ def make_grid(
             raise SweepInputError(f"--alloc-conf {conf!r}: {e}") from None
         if conf not in confs:
             confs.append(conf)
+    for w in worlds or ():
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise SweepInputError(f"--world-size expects whole numbers of at least 1, got {w!r}")
     if max_batch is not None and not max_batch.isidentifier():
         raise SweepInputError(f"--max-batch expects a Python name, got {max_batch!r}")
     sources: dict[str, str] = {}
@@ -181,7 +188,7 @@ def make_grid(
         if max_batch:
             starts[script] = _search_start(script, max_batch, settings.get(max_batch))
     return Grid(list(sources), sources, keys, settings, confs, max_batch, starts, mode, iterations,
-                torch_version, safe, exact)
+                torch_version, safe, exact, list(dict.fromkeys(worlds)) if worlds else [None])
 
 
 def _search_start(script: str, var: str, values: list[str] | None) -> int:
