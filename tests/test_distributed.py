@@ -148,3 +148,96 @@ def test_ddp_in_fake_mode_allocates_as_in_real_mode():
     key = lambda tr: sorted((e.bytes, str(e.category)) for e in tr.events if e.kind == "alloc")  # noqa: E731
     assert key(fake) == key(real)
     assert simulate(fake.events).peak_allocated_bytes == simulate(real.events).peak_allocated_bytes
+
+
+FSDP2 = """
+import os
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
+
+
+model = nn.Sequential(*[Block(512) for _ in range(6)]).cuda()
+for block in model:
+    fully_shard(block, reshard_after_forward=RESHARD)
+fully_shard(model, reshard_after_forward=RESHARD)
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(2):
+    model(torch.randn(8, 128, 512, device="cuda")).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+"""
+BLOCK = 512 * 2048 * 2 + 2048 + 512  # parameters of one block
+PSI = 6 * BLOCK
+
+
+def _fsdp2(mode: str, world: int, reshard: bool = True):
+    return trace(FSDP2.replace("RESHARD", str(reshard)), {}, mode=mode, world=World(world))
+
+
+def _live(tr):
+    """(event, bytes live by category) after each event."""
+    live: dict[int, object] = {}
+    for e in tr.events:
+        if e.kind == "alloc":
+            live[e.id] = e
+        elif e.kind == "free":
+            live.pop(e.id, None)
+        by: dict[str, int] = {}
+        for a in live.values():
+            by[str(a.category)] = by.get(str(a.category), 0) + a.bytes
+        yield e, by
+
+
+def _states_after_last_step(tr) -> int:
+    """Parameters, gradients and optimizer states live when the last optimizer step ends."""
+    states, in_step = {}, False
+    for e, by in _live(tr):
+        if e.kind == "phase":
+            if in_step and e.phase != "optimizer":
+                states = by
+            in_step = e.phase == "optimizer"
+    return sum(states.get(c, 0) for c in ("parameter", "gradient", "optimizer_state"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_model_states_are_a_shard_each(mode, world):
+    """ZeRO stage 3 (FSDP): parameters, gradients and AdamW's two moments, 16 bytes a fp32
+    parameter in all, 1/N of them on each rank (every dimension here divides evenly)."""
+    assert _states_after_last_step(_fsdp2(mode, world)) == 16 * PSI // world
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fsdp2_unshards_one_block_at_a_time(mode):
+    """With reshard_after_forward, a rank holds its shard of every parameter plus the block(s)
+    being all-gathered: at most the one computing and the one prefetched (backward); without
+    it, every block stays unsharded from its forward to its backward."""
+    world = 4
+    shard = 4 * PSI // world
+    most = max(by.get("parameter", 0) for _, by in _live(_fsdp2(mode, world, reshard=True)))
+    assert shard + 4 * BLOCK <= most <= shard + 2 * 4 * BLOCK
+    most = max(by.get("parameter", 0) for _, by in _live(_fsdp2(mode, world, reshard=False)))
+    assert most >= shard + 4 * PSI - 4 * BLOCK
+
+
+def test_fsdp2_collectives_run_on_their_own_streams():
+    """FSDP2's all-gathers and reduce-scatters allocate on streams of their own, whose blocks
+    the caching allocator keeps apart from the default stream's."""
+    tr = _fsdp2("fake", 4)
+    streams = {e.stream for e in tr.events if e.kind == "alloc" and e.category == Category.COMMUNICATION}
+    assert len(streams - {0}) >= 1
+    gathered = [e.bytes for e in tr.events if e.kind == "alloc" and e.category == Category.COMMUNICATION
+                and e.phase == "forward"]
+    assert max(gathered) == 4 * BLOCK  # one block's parameters, all ranks' shards

@@ -162,3 +162,16 @@ def _claims(stem: str, nb, code) -> None:
             assert [m[g] == "✓" for m in marks] == [b <= n for b in batches], (g, n, marks)
         assert "parameter" in line("the same at both batch sizes:")
         assert "activation" in line("grew by more than half")
+    elif stem.startswith("06"):
+        assert reports[0]["world"] == {"size": 8, "rank": 0, "gpus_per_node": 8} and reports[0]["fits"]
+        rows = {s: [float(v) for v in re.findall(r"([\d.]+) GiB", line(s + " "))]
+                for s in ("DDP", "FSDP", "FSDP + CPU offload")}
+        assert all(len(v) == 4 for v in rows.values()), rows
+        assert len(set(rows["DDP"])) == 1  # "does not move with the number of GPUs"
+        assert rows["FSDP"] == sorted(rows["FSDP"], reverse=True) and rows["FSDP"][-1] < rows["FSDP"][0]  # "falls"
+        assert rows["FSDP + CPU offload"][-1] < rows["FSDP"][-1]
+        share = int(re.search(r"activations are (\d+)%", allout).group(1))
+        assert share > 50  # "mostly activations"
+        largest = [int(re.search(r"is (\d+)$", line(f"{s}: the largest batch")).group(1))
+                   for s in ("DDP", "FSDP", "FSDP + CPU offload")]
+        assert largest == sorted(largest) and largest[0] < largest[-1], largest  # "the larger the batch"

@@ -20,7 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.overrides import _pop_mode_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from xmem_engine.tracing.subclasses import is_fake_wrapper, is_wrapper
 
 from xmem_engine.tracing.cuda_temporaries import RULES as CUDA_TEMPORARIES
 from xmem_engine.tracing.cuda_temporaries import BySM
@@ -101,12 +104,23 @@ def _has_fake_tensor(args: tuple) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor  # cached import
 
     for a in args:
-        if isinstance(a, FakeTensor):
+        if isinstance(a, FakeTensor) or (isinstance(a, torch.Tensor) and is_fake_wrapper(a)):
             return True
         if isinstance(a, (list, tuple)):
             for b in a:
-                if isinstance(b, FakeTensor):
+                if isinstance(b, FakeTensor) or (isinstance(b, torch.Tensor) and is_fake_wrapper(b)):
                     return True
+    return False
+
+
+def _has_wrapper(args: tuple) -> bool:
+    """A wrapper subclass (DTensor) among ``args`` or their lists."""
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            if a and any(isinstance(b, torch.Tensor) and is_wrapper(b) for b in a):
+                return True
+        elif isinstance(a, torch.Tensor) and is_wrapper(a):
+            return True
     return False
 
 
@@ -133,6 +147,15 @@ class AllocMode(TorchDispatchMode):
         self.backward_writes = BackwardInPlace()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        top = torch._C._len_torch_function_stack()
+        if top and torch._C._get_function_stack_at(top - 1) is self.t.device_mode:
+            # autograd's engine runs with the device mode on (DeviceMode.in_backward_engine):
+            # an aten op's handling is below it, as in forward.
+            with _pop_mode_temporarily():
+                return self._dispatch(func, types, args, kwargs)
+        return self._dispatch(func, types, args, kwargs)
+
+    def _dispatch(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is _PRIM_DEVICE and self.fake_errors:
             # C++ asks every fake tensor for its device (autograd does so per input): answer
             # from the tensor without a round trip through FakeTensorMode.
@@ -170,6 +193,8 @@ class AllocMode(TorchDispatchMode):
                     return self._run_on_host(func, args, kwargs, factory)
             try:
                 fast = FAST_FAKE.get(func)
+                if fast is not None and _has_wrapper(args):
+                    fast = None  # DTensors (FSDP2 + a foreach optimizer): their own dispatch, on the shards
                 if fast is None and func in BEFORE_FAKE:
                     fast = lambda *a, **k: tr.guesses.data_dependent(func, a, k)  # noqa: E731
                 out = fast(*args, **kwargs) if fast is not None else NotImplemented

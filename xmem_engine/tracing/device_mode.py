@@ -104,7 +104,7 @@ class DeviceMode(TorchFunctionMode):
                 target = Device.GPU if d.type == "cuda" else Device.HOST
         # Inlined Tracer.call_scope: this runs for every torch function the code calls.
         saved = tr.scope
-        tr.scope = CallScope(target, target is Device.GPU, args, None)
+        tr.scope = CallScope(target, target is Device.GPU, args, None, saved.category)  # a category holds inside
         try:
             out = func(*args, **kwargs)
         finally:
@@ -198,6 +198,26 @@ class DeviceMode(TorchFunctionMode):
         with self.t.backward_phase():
             return func(*args, **kwargs)
 
+    def on_stack(self) -> bool:
+        n = torch._C._len_torch_function_stack()
+        return any(torch._C._get_function_stack_at(i) is self for i in range(n))
+
+    def in_backward_engine(self, run_backward: Callable[..., Any]) -> Callable[..., Any]:
+        """autograd's engine (``torch.autograd._engine_run_backward``) with this mode back on:
+        ``backward()`` reaches the engine from inside this mode's handler, where the mode is
+        off, and the Python code that backward runs (FSDP's unshard and reduce-scatter hooks,
+        custom Functions' backward, a checkpoint's recomputation) must see the virtual device
+        as forward did. The dispatch mode takes it off again for the aten ops (``AllocMode``)."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if self.on_stack():
+                return run_backward(*args, **kwargs)
+            with self:
+                return run_backward(*args, **kwargs)
+
+        run.__wrapped__ = run_backward  # type: ignore[attr-defined]
+        return run
+
     # -- values (fake mode)
     def _item(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """A number that may be logged freely; its use in control flow is a noted guess."""
@@ -272,10 +292,14 @@ def fake_device_property(tracer: Tracer, mode: TorchFunctionMode) -> property:
     from torch._subclasses.fake_tensor import FakeTensor
 
     orig = vars(FakeTensor)["device"]
+    fake_key = torch._C._TorchDispatchModeKey.FAKE
 
     def device(t: torch.Tensor) -> torch.device:
         d = orig.fget(t)
-        if d.type == "cpu" and t.untyped_storage()._cdata in tracer.live:
+        # Inside FakeTensorMode's handler its mode is off the stack: its kernels are asking,
+        # for an op called with the device mode still on (``torch.ops.fsdp.*``, C++ code).
+        if (d.type == "cpu" and t.untyped_storage()._cdata in tracer.live
+                and torch._C._get_dispatch_mode(fake_key) is not None):
             n = torch._C._len_torch_function_stack()
             for i in range(n - 1, -1, -1):
                 if torch._C._get_function_stack_at(i) is mode:

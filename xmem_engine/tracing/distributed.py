@@ -40,6 +40,8 @@ from xmem_engine.tracing.scope import Device
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
             "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 GPUS_PER_NODE = 8  # an HGX / DGX node; --gpus-per-node changes it
+NCCL_NOTE = ("not included: NCCL's own communication buffers, which NCCL allocates outside PyTorch's caching "
+             "allocator (NCCL_BUFFSIZE, 4 MiB by default, for each channel and peer of a communicator)")
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,13 @@ def _process_group_class() -> type:
         def getBackendName(self) -> str:
             return BACKEND
 
+        @property
+        def group_name(self) -> str:
+            """The name torch.distributed registered this group under (DeviceMesh asks)."""
+            return dist.distributed_c10d._world.pg_names[self]
+
+        pg_name = group_name
+
         def __repr__(self) -> str:
             return f"XmemProcessGroup(rank={self._rank}, world_size={self._world_size})"
 
@@ -350,6 +359,68 @@ def _bound_everywhere(obj: Any, name: str) -> list[tuple[Any, str]]:
     return found
 
 
+FSDP2 = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+
+
+def _in_scope(fn: Callable[..., Any], tracer: Any, category: Category) -> Callable[..., Any]:
+    """``fn`` with the storages it makes classified as ``category`` (a gradient or parameter
+    made inside keeps its own, higher, category: ``Tracer._upgrade``)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with tracer.call_scope(category=category):
+            return fn(*args, **kwargs)
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call
+
+
+def _fsdp2_patches(stack: contextlib.ExitStack, tracer: Any, load: bool) -> None:
+    """FSDP2's buffers in their categories: the all-gather's flat output and the
+    reduce-scatter's flat input are communication buffers; an unsharded parameter, whose
+    storage FSDP grows back before each all-gather (``alloc_storage``), is a parameter (else it
+    would count as an activation, being saved for backward)."""
+    if FSDP2 not in sys.modules:
+        if not load:
+            return
+        import importlib
+
+        importlib.import_module(FSDP2)
+    group = sys.modules[FSDP2]
+    for name in ("foreach_all_gather", "foreach_reduce"):
+        f = getattr(group, name, None)
+        if f is not None:
+            stack.enter_context(patched_attr(group, name, _in_scope(f, tracer, Category.COMMUNICATION)))
+    alloc = getattr(group, "alloc_storage", None)
+    if alloc is not None:
+        wrapped = _in_scope(alloc, tracer, Category.PARAMETER)
+        for mod, name in _bound_everywhere(alloc, "alloc_storage"):
+            stack.enter_context(patched_attr(mod, name, wrapped))
+
+
+def _dtensor_patches(stack: contextlib.ExitStack) -> None:
+    """DTensor's random ops and sharding propagation on the virtual GPU. A random op on a
+    DTensor (``reset_parameters()`` after meta-device init) builds an RNG tracker from
+    ``torch.cuda.get_rng_state().to("cuda")`` inside DTensor's dispatch, below both of
+    xmem's modes: without the tracker DTensor draws on the local shard (the same memory;
+    other values than a GPU run's). Sharding propagation runs the op on tensors rebuilt on
+    the mesh's device type, "cuda", which a CPU build cannot make: only their shape, stride
+    and dtype are read, so they are rebuilt on the CPU."""
+    dispatch = sys.modules.get("torch.distributed.tensor._dispatch")
+    schema = sys.modules.get("torch.distributed.tensor._op_schema")
+    if dispatch is not None and hasattr(dispatch, "is_rng_supported_mesh"):
+        stack.enter_context(patched_attr(dispatch, "is_rng_supported_mesh", lambda mesh: False))
+    rebuild = getattr(schema, "_rebuild_tensor_from_dtensor_meta", None) if schema is not None else None
+    if rebuild is not None:
+        def on_host(arg: Any) -> torch.Tensor:
+            if arg.tensor_meta is None:
+                return rebuild(arg)  # torch's own error
+            meta = arg.tensor_meta
+            return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="cpu")
+
+        for mod, name in _bound_everywhere(rebuild, "_rebuild_tensor_from_dtensor_meta"):
+            stack.enter_context(patched_attr(mod, name, on_host))
+
+
 @contextlib.contextmanager
 def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Iterator[None]:
     """The traced rank's distributed world, for the trace's duration: torchrun's environment
@@ -387,8 +458,12 @@ def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Itera
                     stack.enter_context(patched_attr(mod, attr, new))
         if hasattr(dist, "Reducer"):
             stack.enter_context(patched_attr(dist, "Reducer", _reducer_class(tracer, device_mode)))
+        _fsdp2_patches(stack, tracer, load=world.distributed)
+        _dtensor_patches(stack)
         try:
             yield
         finally:
+            if made:
+                tracer.notes.append(NCCL_NOTE)
             if made and not was_initialized and dist.is_initialized():
                 dist.destroy_process_group()

@@ -12,7 +12,10 @@ import sys
 from typing import Any, Callable, Iterator
 
 import torch
+
 from torch.nn.parameter import UninitializedTensorMixin
+
+from xmem_engine.tracing.subclasses import is_fake_wrapper
 
 
 @contextlib.contextmanager
@@ -79,6 +82,20 @@ def appended(items: list, item: Any) -> Iterator[None]:
     finally:
         if added and item in items:
             items.remove(item)
+
+
+@contextlib.contextmanager
+def patched_item(mapping: dict, key: Any, value: Any) -> Iterator[None]:
+    """``mapping[key] = value`` for the duration; the old entry (or none) back after."""
+    had, old = key in mapping, mapping.get(key)
+    mapping[key] = value
+    try:
+        yield
+    finally:
+        if had:
+            mapping[key] = old
+        else:
+            mapping.pop(key, None)
 
 
 def module_apply(self: torch.nn.Module, fn: Callable, recurse: bool = True) -> torch.nn.Module:
@@ -174,7 +191,9 @@ def fake_parameter_new(fake_mode: Any) -> Callable:
     orig_new = torch.nn.Parameter.__new__
 
     def __new__(cls: type, data: torch.Tensor | None = None, requires_grad: bool = True) -> torch.Tensor:
-        if isinstance(data, torch.Tensor) and not isinstance(data, FakeTensor):
+        # A DTensor of fake tensors (FSDP2's sharded parameter) stays as it is: faking it again
+        # would give its local tensor a storage of its own, apart from the shard FSDP keeps.
+        if isinstance(data, torch.Tensor) and not isinstance(data, FakeTensor) and not is_fake_wrapper(data):
             with _disable_current_modes():
                 data = fake_mode.from_tensor(data)
         return orig_new(cls, data, requires_grad)
@@ -197,7 +216,7 @@ def skip_init(orig: Callable) -> Callable:
     from torch._subclasses.fake_tensor import FakeTensor
 
     def init(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if isinstance(tensor, FakeTensor):
+        if isinstance(tensor, FakeTensor) or is_fake_wrapper(tensor):
             return tensor
         return orig(tensor, *args, **kwargs)
 
@@ -244,3 +263,29 @@ def outside_mode(orig: Callable[..., Any], handler: Callable[[Any, tuple, dict],
 
     call.__wrapped__ = orig  # type: ignore[attr-defined]
     return call
+
+
+def storage_resize(tracer: Any) -> Callable[..., Any]:
+    """``UntypedStorage.resize_`` that tells the tracer: a storage's bytes change outside any
+    aten op (FSDP frees and regrows its unsharded parameters this way)."""
+    orig = torch.UntypedStorage.resize_
+
+    def resize_(self: torch.UntypedStorage, size: int) -> Any:
+        out = orig(self, size)
+        tracer.storage_resized(self)
+        return out
+
+    resize_.__wrapped__ = orig  # type: ignore[attr-defined]
+    return resize_
+
+
+def checkpoint_metadata(tracer: Any) -> Callable[[torch.Tensor], dict]:
+    """``torch.utils.checkpoint``'s check that a recomputation made what forward saved
+    (shape, dtype, device), with the device as the virtual GPU has it: forward saves from
+    inside the device mode's handler (the mode off: a CPU device), backward's engine runs
+    with the mode on (``DeviceMode.in_backward_engine``: a CUDA one) - the same tensor."""
+
+    def extract(x: torch.Tensor) -> dict:
+        return {"shape": x.shape, "dtype": x.dtype, "device": tracer.vc.device if tracer.is_gpu(x) else torch.device("cpu")}
+
+    return extract

@@ -51,6 +51,9 @@ from xmem_engine.tracing.patches import (
     real_mode_for_lazy_modules,
     restore_default_device,
     skip_init,
+    storage_resize,
+    checkpoint_metadata,
+    patched_item,
 )
 from xmem_engine.tracing.checkpoints import kept_in_memory
 from xmem_engine.tracing.guesses import GUESS_HEADLINE, Guesses
@@ -344,6 +347,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
                 if orig is not None:
                     stack.enter_context(patched_attr(torch.nn.init, name, skip_init(orig)))
         stack.enter_context(tracer.hooks())
+        stack.enter_context(patched_attr(torch.UntypedStorage, "resize_", storage_resize(tracer)))
         stack.enter_context(kept_in_memory(tracer))  # torch.save / torch.load (checkpoints.py)
         if tracer.fake:
             # FakeTensorMode logs every failing meta kernel (a user's shape error) with a
@@ -355,10 +359,17 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
             tracer.guesses = Guesses(tracer.shadows, fake_mode)
             stack.enter_context(patched_attr(torch.nn.Parameter, "__new__", fake_parameter_new(fake_mode)))
         stack.enter_context(AllocMode(tracer))
-        device_mode = DeviceMode(tracer)
+        device_mode = tracer.device_mode = DeviceMode(tracer)
         if tracer.fake:
             stack.enter_context(patched_attr(FakeTensor, "device", fake_device_property(tracer, device_mode)))
         stack.enter_context(device_mode)
+        stack.enter_context(patched_attr(torch.autograd, "_engine_run_backward",
+                                         device_mode.in_backward_engine(torch.autograd._engine_run_backward)))
+        import torch.utils.checkpoint as ckpt
+
+        checks = getattr(ckpt, "_allowed_determinism_checks_to_fns", None)
+        if checks is not None and "default" in checks:
+            stack.enter_context(patched_item(checks, "default", checkpoint_metadata(tracer)))
         # torchrun's environment and torch.distributed's fake process group (distributed.py)
         stack.enter_context(simulated_world(tracer, tracer.world, device_mode))
         for name in ("scaled_dot_product_attention", "dropout"):  # as in forward, in a recomputation too

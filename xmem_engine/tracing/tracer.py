@@ -46,6 +46,7 @@ from xmem_engine.tracing.distributed import World
 from xmem_engine.tracing.guesses import Guesses
 from xmem_engine.tracing.host_memory import HostBudget
 from xmem_engine.tracing.shadow_values import Shadows
+from xmem_engine.tracing.subclasses import inner_tensors, is_wrapper
 from xmem_engine.tracing.user_state import UserState
 from xmem_engine.tracing.virtual_cuda import VirtualCuda, VirtualStream
 
@@ -76,14 +77,33 @@ class Live:
 
 
 def tensors_in(x: Any) -> Iterator[torch.Tensor]:
+    """The tensors of an op's arguments or outputs; a wrapper subclass (DTensor) as the plain
+    tensors it holds, which are what has storage (``subclasses.py``)."""
     if isinstance(x, torch.Tensor):
-        yield x
+        if type(x) in _PLAIN or not is_wrapper(x):
+            yield x
+        else:
+            yield from inner_tensors(x)
     elif isinstance(x, (list, tuple)):
         for y in x:
-            if isinstance(y, torch.Tensor):
-                yield y
-            elif isinstance(y, (list, tuple)):
+            if isinstance(y, (torch.Tensor, list, tuple)):
                 yield from tensors_in(y)
+
+
+_PLAIN = {torch.Tensor, torch.nn.Parameter}
+_STORAGE_RESIZE = "UntypedStorage.resize_"  # the op name of a storage's resize in the trace
+
+
+@dataclass(frozen=True)
+class _Bytes:
+    """What a resized storage's event records of it: bytes (it has no dtype or shape)."""
+
+    n: int
+    dtype: torch.dtype = torch.uint8
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.n,)
 
 
 class Tracer:
@@ -141,6 +161,7 @@ class Tracer:
         self._closed = False
         self._extra_blocks: dict[int, Any] = {}
         self.fake_mode: Any = None  # the FakeTensorMode, in fake mode
+        self.device_mode: Any = None  # the DeviceMode (device_mode.py), while recording
         self.user_state: UserState | None = None  # copy-on-write of the user's tensors
         # real mode: the host memory its real tensors may take (host_memory.py)
         self.host_budget: HostBudget | None = None
@@ -207,6 +228,8 @@ class Tracer:
     def is_gpu(self, t: torch.Tensor) -> bool:
         if isinstance(t, UninitializedTensorMixin):  # a lazy module's placeholder: its data says where
             t = t.data
+        if is_wrapper(t):  # a DTensor is where its local tensor is
+            return any(self.is_gpu(x) for x in inner_tensors(t))
         return t.untyped_storage()._cdata in self.live
 
     def current_module(self) -> str:
@@ -235,6 +258,10 @@ class Tracer:
 
     def _upgrade(self, t: torch.Tensor | None, category: Category, module: str = "") -> None:
         if t is None or isinstance(t, UninitializedTensorMixin):  # a lazy placeholder: nothing yet
+            return
+        if is_wrapper(t):  # a DTensor parameter / gradient / state: its local tensor's storage
+            for x in inner_tensors(t):
+                self._upgrade(x, category, module)
             return
         rec = self.live.get(t.untyped_storage()._cdata)
         if rec is None or rec.event is None:
@@ -357,6 +384,16 @@ class Tracer:
             self.live[key] = old
             self._free(key)
         self.on_new_storage(func, t, st, key, nbytes)
+
+    def storage_resized(self, st: torch.UntypedStorage) -> None:
+        """``UntypedStorage.resize_`` (not an aten op: the dispatch mode does not see it) on a
+        GPU storage: FSDP frees an unsharded parameter's memory with ``resize_(0)`` after
+        forward and backward, and grows it back before the next all-gather."""
+        key = st._cdata
+        rec = self.live.get(key)
+        nbytes = st.nbytes()
+        if rec is not None and rec.nbytes != nbytes:
+            self.on_resized(_STORAGE_RESIZE, _Bytes(nbytes), st, key, nbytes)
 
     def record_stream(self, t: torch.Tensor, stream: VirtualStream) -> None:
         rec = self.live.get(t.untyped_storage()._cdata)

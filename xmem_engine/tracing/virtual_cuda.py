@@ -492,6 +492,9 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
             for name, fn in generic.items():
                 if hasattr(accelerator, name):
                     patch(accelerator, name, fn)
+        # The process's accelerator is the virtual GPU (FSDP2's default mesh asks torch._C).
+        if hasattr(torch._C, "_get_accelerator"):
+            patch(torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda"))
         # Autocast regions for "cuda" follow CUDA's cast lists (autocast_policy.py).
         enter, exit_ = _autocast_methods(vc)
         patch(torch.amp.autocast_mode.autocast, "__enter__", enter)

@@ -1,0 +1,40 @@
+"""Tensor subclasses that wrap other tensors (DTensor: FSDP2's sharded parameters, their
+gradients and the optimizer's states for them): what they hold is their inner tensors.
+
+A wrapper subclass has a storage of its own of 0 bytes; its memory is its inner (local)
+tensors', and ops on it run again on them, below the dispatch mode. The tracer looks through
+it: a DTensor is on the GPU, fake, a parameter or an optimizer state when its local tensor is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+_PLAIN: set[type] = {torch.Tensor, torch.nn.Parameter}
+
+
+def is_wrapper(t: Any) -> bool:
+    """``t`` is a tensor subclass that wraps other tensors (``__tensor_flatten__``)."""
+    return type(t) not in _PLAIN and isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t)
+
+
+def inner_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The plain tensors a wrapper holds (recursively); a plain tensor is its own."""
+    if is_wrapper(t):
+        attrs, _ = t.__tensor_flatten__()
+        for a in attrs:
+            x = getattr(t, a)
+            if isinstance(x, torch.Tensor):
+                yield from inner_tensors(x)
+    else:
+        yield t
+
+
+def is_fake_wrapper(t: Any) -> bool:
+    """A wrapper whose inner tensors are all fake (a DTensor made in fake mode)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return is_wrapper(t) and all(isinstance(x, FakeTensor) for x in inner_tensors(t))
