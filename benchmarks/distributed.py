@@ -13,9 +13,7 @@ Training Trillion Parameter Models" (SC 2020), section 5: with Psi parameters, m
 Adam (K = 12) takes 2Psi + 2Psi + K Psi per rank unsharded (DDP), and (2 + 2 + K) Psi / N with
 everything sharded over N ranks (stage 3, which FSDP is). Here parameters and gradients are
 fp32 and AdamW keeps two fp32 moments: 4Psi + 4Psi + 8Psi, the same 16Psi in other parts.
-Psi is the model's parameter count as the script builds it: the FSDP2 script builds on the
-meta device and materialises with ``Module.to_empty``, which unties the 1B's shared
-embedding and head (PyTorch makes each parameter anew), so there it counts both.
+Psi is counted from the config's shapes (``llama.n_params``).
 
 Run: ``.venv/bin/python benchmarks/distributed.py [--sizes 1b,8b] [--worlds 1,2,8] [--json FILE]``.
 Prints one row per (script, size, world): the per-rank peak, the model states measured, the
@@ -39,10 +37,10 @@ sys.path.insert(0, str(HERE))
 
 GPU = "H100-SXM-80GB"
 GiB = 1 << 30
-VARIANTS = [  # (label, script, --set values, sharded, built on the meta device)
-    ("DDP", "train_ddp.py", {}, False, False),
-    ("FSDP2", "train_fsdp2.py", {"reshard_after_forward": "True"}, True, True),
-    ("FSDP2 no reshard", "train_fsdp2.py", {"reshard_after_forward": "False"}, True, True),
+VARIANTS = [  # (label, script, --set values, sharded)
+    ("DDP", "train_ddp.py", {}, False),
+    ("FSDP2", "train_fsdp2.py", {"reshard_after_forward": "True"}, True),
+    ("FSDP2 no reshard", "train_fsdp2.py", {"reshard_after_forward": "False"}, True),
 ]
 MODEL_STATES = ("parameter", "gradient", "optimizer_state")
 
@@ -104,9 +102,8 @@ def main() -> None:
     rows = []
     worst = 0.0
     for size in args.sizes.split(","):
-        for label, script, sets, sharded, meta in VARIANTS:
-            # to_empty() makes each parameter anew: a tied embedding and head come apart
-            psi = n_params(size, tied=False if meta else None)
+        psi = n_params(size)
+        for label, script, sets, sharded in VARIANTS:
             if not (HERE / script).exists():
                 continue
             for world in [int(w) for w in args.worlds.split(",")]:

@@ -241,3 +241,16 @@ def test_fsdp2_collectives_run_on_their_own_streams():
     gathered = [e.bytes for e in tr.events if e.kind == "alloc" and e.category == Category.COMMUNICATION
                 and e.phase == "forward"]
     assert max(gathered) == 4 * BLOCK  # one block's parameters, all ranks' shards
+
+
+@pytest.mark.parametrize("option", ["static_graph=True", "find_unused_parameters=True"])
+def test_ddp_options_trace_alike_in_both_modes(option):
+    """DDP's other reducer paths (a static graph's buckets, the unused-parameter search) run
+    under the tracer, fake mode allocating what real mode does."""
+    from xmem_engine.simulation.simulate import simulate
+
+    src = DDP.replace("CAP", "10").replace("VIEW", "True").replace("gradient_as_bucket_view=True",
+                                                                     f"gradient_as_bucket_view=True, {option}")
+    fake, real = (trace(src, {}, mode=m, world=World(4)) for m in MODES)
+    assert sum(e.bytes for e in fake.events if e.kind == "alloc" and e.category == Category.COMMUNICATION) > 0
+    assert simulate(fake.events).peak_allocated_bytes == simulate(real.events).peak_allocated_bytes

@@ -1,8 +1,10 @@
 """A Llama-style decoder in plain torch, for the distributed benchmark's scripts.
 
 Shapes follow the published configs: Llama-3.2-1B (hidden 2048, 16 layers, 32 heads, 8 KV
-heads, MLP 8192, vocabulary 128,256, tied embeddings) and Llama-3-8B (4096, 32, 32, 8, 14,336,
-128,256, untied). Attention is grouped-query through ``scaled_dot_product_attention``; rotary
+heads, MLP 8192, vocabulary 128,256) and Llama-3-8B (4096, 32, 32, 8, 14,336, 128,256). The
+1B's embedding and head are kept apart here (the published model ties them): built on the
+meta device and materialised with ``Module.to_empty``, as FSDP scripts do, a tied pair comes
+apart anyway (PyTorch makes each parameter anew), and the benchmark compares like with like. Attention is grouped-query through ``scaled_dot_product_attention``; rotary
 embeddings are left out (a few small tensors per layer, no parameters).
 """
 
@@ -13,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 CONFIGS = {
-    "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, mlp=8192, vocab=128256, tied=True),
+    "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, mlp=8192, vocab=128256, tied=False),
     "8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, mlp=14336, vocab=128256, tied=False),
 }
 
@@ -71,13 +73,10 @@ class Llama(nn.Module):
         return self.head(self.norm(x))
 
 
-def n_params(size: str, tied: bool | None = None) -> int:
-    """Parameters of the config, counted from its shapes (not from a built model). ``tied``:
-    whether the embedding and the head share one matrix (default: as the config says; a model
-    built on the meta device and materialised with ``to_empty`` has them apart, as PyTorch's
-    ``Module.to_empty`` makes each parameter anew)."""
+def n_params(size: str) -> int:
+    """Parameters of the config, counted from its shapes (not from a built model)."""
     c = CONFIGS[size]
-    tied = c["tied"] if tied is None else tied
+    tied = c["tied"]
     d, kv = c["hidden"], 2 * c["kv_heads"] * (c["hidden"] // c["heads"])
     block = d * d * 2 + d * kv + 3 * d * c["mlp"] + 2 * d
     emb = c["vocab"] * d
