@@ -45,6 +45,11 @@ How it works
   the modules and optimizers the code uses, and a storage's category only moves up
   (``_RANK``), so the last word is the most specific one. ``user source`` is the innermost
   frame outside torch, xmem and the standard library.
+* Distributed scripts (``distributed.py``): with a ``World`` the code sees torchrun's
+  environment for one rank, and ``init_process_group`` makes an in-process group of N ranks
+  whose collectives fill their outputs in place; autograd's engine runs with the device mode
+  on, so backward hooks (FSDP's) see the virtual device; ``UntypedStorage.resize_`` (FSDP's
+  way of freeing unsharded parameters) is reported like an op's resize.
 * CPU-only conveniences: ``DataLoader`` workers load in-process, ``torch.compile`` returns
   the model unchanged, NVTX ranges and CUDA events do nothing, cuDNN is refused (RNNs run
   the CPU kernels in both modes, on a CUDA build of torch too), packed sequences keep their
@@ -83,6 +88,9 @@ Where things are
 ``cuda_reduce.py``    the reduction kernel's launch configuration and staging buffers (Reduce.cuh)
 ``einsum_lowering.py``  einsum as releases before 2.9 compose it (``torch_version``)
 ``grad_accumulation.py``  gradient sums in place, as CUDA's autograd does them
+``distributed.py``    one rank of a torchrun launch: its environment, a process group of N
+                      ranks, DDP's reducer and FSDP's buffers on the virtual GPU
+``subclasses.py``     wrapper subclasses (DTensor) seen through to the tensors they hold
 ``user_state.py``     the user's objects and settings, put back after the trace
 ``script.py``         a training script run as ``python SCRIPT`` (``--set``: ``xmem_engine/overrides.py``)
 ``frames.py``         which frames are the user's (sources, tracebacks)
