@@ -254,3 +254,21 @@ def test_ddp_options_trace_alike_in_both_modes(option):
     fake, real = (trace(src, {}, mode=m, world=World(4)) for m in MODES)
     assert sum(e.bytes for e in fake.events if e.kind == "alloc" and e.category == Category.COMMUNICATION) > 0
     assert simulate(fake.events).peak_allocated_bytes == simulate(real.events).peak_allocated_bytes
+
+
+FSDP1 = FSDP2.replace("from torch.distributed.fsdp import fully_shard", """from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy""").replace("""model = nn.Sequential(*[Block(512) for _ in range(6)]).cuda()
+for block in model:
+    fully_shard(block, reshard_after_forward=RESHARD)
+fully_shard(model, reshard_after_forward=RESHARD)""", """model = nn.Sequential(*[Block(512) for _ in range(6)])
+model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device(int(os.environ["LOCAL_RANK"])),
+             sharding_strategy=ShardingStrategy.STRATEGY)""")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("strategy, sharded", [("FULL_SHARD", True), ("NO_SHARD", False)])
+def test_fsdp1_model_states_follow_the_sharding_strategy(mode, strategy, sharded):
+    """FullyShardedDataParallel's flat parameters: 16 bytes a parameter over N fully sharded,
+    all 16 on every rank with NO_SHARD (DDP's states)."""
+    tr = trace(FSDP1.replace("STRATEGY", strategy), {}, mode=mode, world=World(4))
+    assert _states_after_last_step(tr) == (16 * PSI // 4 if sharded else 16 * PSI)

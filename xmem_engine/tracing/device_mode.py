@@ -60,6 +60,7 @@ class DeviceMode(TorchFunctionMode):
             _T.pin_memory: lambda f, a, k: a[0],
             _T.is_pinned: lambda f, a, k: False,
             _T.numpy: self._numpy,
+            torch.device: self._device_ctor,
             _T.backward: self._backward,
             torch.autograd.backward: self._backward,
             torch.autograd.grad: self._backward,
@@ -127,6 +128,13 @@ class DeviceMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
     # -- device queries
+    def _device_ctor(self, func: Any, args: tuple, kwargs: dict) -> torch.device:
+        """``torch.device(3)``: an index alone names the current accelerator's device, which
+        a CPU build does not have: the virtual GPU's (FSDP's ``device_id=local_rank``)."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], int) and not isinstance(args[0], bool):
+            return torch.device("cuda", args[0])
+        return func(*args, **kwargs)
+
     def _device(self, func: Any, args: tuple, kwargs: dict) -> torch.device:
         return self.t.vc.device if self.t.is_gpu(args[0]) else func(*args, **kwargs)
 

@@ -397,6 +397,20 @@ def _fsdp2_patches(stack: contextlib.ExitStack, tracer: Any, load: bool) -> None
             stack.enter_context(patched_attr(mod, name, wrapped))
 
 
+def _fsdp1_patches(stack: contextlib.ExitStack, tracer: Any) -> None:
+    """FSDP1 (``FullyShardedDataParallel``): the unsharded flat parameter, whose storage it
+    grows back before each all-gather (``torch.distributed.utils._alloc_storage``), is a
+    parameter; it frees it by resizing the storage, which the tracer sees
+    (``storage_resize``)."""
+    import torch.distributed.utils as dist_utils
+
+    alloc = getattr(dist_utils, "_alloc_storage", None)
+    if alloc is not None:
+        wrapped = _in_scope(alloc, tracer, Category.PARAMETER)
+        for mod, name in _bound_everywhere(alloc, "_alloc_storage"):
+            stack.enter_context(patched_attr(mod, name, wrapped))
+
+
 def _dtensor_patches(stack: contextlib.ExitStack) -> None:
     """DTensor's random ops and sharding propagation on the virtual GPU. A random op on a
     DTensor (``reset_parameters()`` after meta-device init) builds an RNG tracker from
@@ -460,6 +474,7 @@ def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Itera
             stack.enter_context(patched_attr(dist, "Reducer", _reducer_class(tracer, device_mode)))
         _fsdp2_patches(stack, tracer, load=world.distributed)
         _dtensor_patches(stack)
+        _fsdp1_patches(stack, tracer)
         try:
             yield
         finally:
