@@ -103,3 +103,20 @@ def test_min_memory_flag_adds_the_least_device_memory(capsys):
         <= res["min_device_bytes"] <= res["peak_device_bytes"]
     code, out, _ = run(capsys, *argv, "--min-memory")
     assert "runs in as little as" in out
+
+
+def test_the_script_gets_its_own_arguments_after_a_bare_dash_dash(tmp_path, capsys):
+    """``xmem estimate train.py -- 50 --lr 3``: the script's argparse sees ``50 --lr 3``."""
+    script = tmp_path / "args.py"
+    script.write_text("import argparse, sys, torch\n"
+                      "p = argparse.ArgumentParser(); p.add_argument('n', type=int); p.add_argument('--lr')\n"
+                      "a = p.parse_args()\n"
+                      "x = torch.empty(a.n, 2**20, device='cuda')\n"
+                      "print('ARGS', sys.argv[1:])\n")
+    assert main(["estimate", str(script), "--gpu", "T4", "--json", "--", "50", "--lr", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert "ARGS ['50', '--lr', '3']" in err  # the script's prints go to stderr with --json
+    assert json.loads(out)["peak_allocated_bytes"] >= 50 * 2**22
+    with pytest.raises(SystemExit) as e:  # argparse's usage error, as for any unknown argument
+        main(["gpus", "--", "x"])
+    assert e.value.code == 2 and "takes no script arguments" in capsys.readouterr().err

@@ -272,3 +272,19 @@ def test_fsdp1_model_states_follow_the_sharding_strategy(mode, strategy, sharded
     all 16 on every rank with NO_SHARD (DDP's states)."""
     tr = trace(FSDP1.replace("STRATEGY", strategy), {}, mode=mode, world=World(4))
     assert _states_after_last_step(tr) == (16 * PSI // 4 if sharded else 16 * PSI)
+
+
+def test_an_index_alone_names_the_rank_s_gpu():
+    """``torch.device(local_rank)`` and ``model.to(local_rank)`` (DDP's tutorial, FSDP1's
+    ``device_id``): an index is the current accelerator's, the virtual GPU here."""
+    src = """
+import os, torch, torch.nn as nn
+r = int(os.environ["LOCAL_RANK"])
+d = torch.device(r)
+m = nn.Linear(4, 4).to(r)
+t = torch.ones(2).to(r)
+seen = (str(d), str(m.weight.device), str(t.device))
+"""
+    ns: dict = {}
+    trace(src, ns, mode="fake", world=World(4, rank=2))
+    assert ns["seen"] == ("cuda:2", "cuda:2", "cuda:2")

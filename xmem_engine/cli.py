@@ -48,7 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after a bare "--" is the script's own command line (xmem estimate train.py -- 50 10).
+    script_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if script_args and not hasattr(args, "script_args"):
+        parser.error(f"xmem {args.command} takes no script arguments after --")
+    if hasattr(args, "script_args"):
+        args.script_args = script_args
     try:
         _check_environment()
         return args.func(args)
@@ -308,10 +315,12 @@ def _add_estimate(sub) -> None:
         "estimate",
         help="estimate the GPU memory a CUDA training script needs on a named GPU",
         description="Run SCRIPT (written for CUDA) on the CPU, replay its GPU memory requests through "
-        "the caching allocator of the named GPU, and say whether it fits. Exit codes: 0 fits, "
+        "the caching allocator of the named GPU, and say whether it fits. The script's own arguments "
+        "follow a bare --: xmem estimate train.py --gpu T4 -- --epochs 2. Exit codes: 0 fits, "
         "3 does not fit, 1 the script failed, 2 bad input.",
     )
     p.add_argument("script", help="a training script written for CUDA")
+    p.set_defaults(script_args=[])  # the script's own arguments: whatever follows a bare -- (main)
     p.add_argument("--gpu", default=None, help="target GPU (see `xmem gpus`); default: $XMEM_GPU or A100-SXM4-40GB")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="VAR=VALUE",
                    help="override a top-level assignment of the script, e.g. --set batch_size=64 (repeatable)")
@@ -396,7 +405,8 @@ def _cmd_estimate(args) -> int:
 
     def run(ov: dict[str, str]):
         ests = [estimate_script(args.script, gpu, overrides=ov, mode=args.mode, alloc_conf=args.alloc_conf,
-                                torch_version=args.torch_version, iterations=args.iterations, world=w)
+                                torch_version=args.torch_version, iterations=args.iterations, world=w,
+                                argv=args.script_args)
                 for w in worlds]
         return _largest_rank(ests) if every_rank else ests[0]
 

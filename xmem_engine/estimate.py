@@ -318,9 +318,11 @@ def estimate_script(
     torch_version: str | None = None,
     iterations: int | None = None,
     world: World | None = None,
+    argv: list[str] | None = None,
 ) -> Estimate:
     """Estimate for a training script written for CUDA (``--set`` style ``overrides``);
-    ``world``: one rank of a ``torchrun`` launch (``tracing.distributed.World``)."""
+    ``world``: one rank of a ``torchrun`` launch (``tracing.distributed.World``); ``argv``:
+    the script's command-line arguments."""
     from xmem_engine.tracing import trace_script
 
     target = resolve_gpu(gpu)
@@ -328,7 +330,7 @@ def estimate_script(
     _check_target_torch(torch_version)
     t0 = time.perf_counter()
     tr = trace_script(path, mode=mode, overrides=overrides, device=target.properties(),
-                      max_iterations=iterations, torch_version=torch_version, world=world)
+                      max_iterations=iterations, torch_version=torch_version, world=world, argv=argv)
     return estimate_trace(tr, target, cfg, torch_version=torch_version, started=t0)
 
 

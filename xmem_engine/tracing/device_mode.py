@@ -61,6 +61,7 @@ class DeviceMode(TorchFunctionMode):
             _T.is_pinned: lambda f, a, k: False,
             _T.numpy: self._numpy,
             torch.device: self._device_ctor,
+            torch._C._nn._parse_to: self._parse_to,
             _T.backward: self._backward,
             torch.autograd.backward: self._backward,
             torch.autograd.grad: self._backward,
@@ -135,6 +136,14 @@ class DeviceMode(TorchFunctionMode):
             return torch.device("cuda", args[0])
         return func(*args, **kwargs)
 
+    def _parse_to(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``module.to(local_rank)``: an index alone is a CUDA device here too."""
+        if args and isinstance(args[0], int) and not isinstance(args[0], bool):
+            args = (torch.device("cuda", args[0]), *args[1:])
+        if isinstance(kwargs.get("device"), int) and not isinstance(kwargs["device"], bool):
+            kwargs = {**kwargs, "device": torch.device("cuda", kwargs["device"])}
+        return func(*args, **kwargs)
+
     def _device(self, func: Any, args: tuple, kwargs: dict) -> torch.device:
         return self.t.vc.device if self.t.is_gpu(args[0]) else func(*args, **kwargs)
 
@@ -173,7 +182,7 @@ class DeviceMode(TorchFunctionMode):
             non_blocking = bool(rest[1]) if len(rest) > 1 else kwargs.get("non_blocking", False)
             memory_format = kwargs.get("memory_format")
         else:
-            device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*rest, **kwargs)
+            device, dtype, non_blocking, memory_format = self._parse_to(torch._C._nn._parse_to, rest, kwargs)
         if device is None or device.type not in ("cuda", "cpu"):
             if device is None:
                 return self._transfer(t, self.t.is_gpu(t), dtype, non_blocking, memory_format, copy)

@@ -25,9 +25,10 @@ def trace_script(
     torch_version: str | None = None,
     source: str | None = None,
     world: Any = None,
+    argv: list[str] | None = None,
 ) -> Trace:
     """Trace a training script as ``python SCRIPT`` would run it (``__name__ == "__main__"``,
-    its directory first on ``sys.path``, ``sys.argv == [SCRIPT]``). ``max_iterations`` as in
+    its directory first on ``sys.path``, ``sys.argv == [SCRIPT, *argv]``). ``max_iterations`` as in
     :func:`xmem_engine.tracing.trace`. ``source``: the script's text, read earlier (``xmem
     sweep`` ships it to workers that may lack the file); ``path`` still names it, so
     tracebacks and notes show the user's file and lines."""
@@ -37,7 +38,7 @@ def trace_script(
         linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
     old_argv, old_path = sys.argv, list(sys.path)
-    sys.argv = [path]
+    sys.argv = [path, *(argv or ())]
     sys.path.insert(0, os.path.dirname(path))
     try:
         tr = trace(code, namespace, mode=mode, allocator=allocator, device=device, filename=path,
@@ -48,4 +49,6 @@ def trace_script(
     tr.meta["script"] = path
     if overrides:
         tr.meta["overrides"] = dict(overrides)
+    if argv:
+        tr.meta["argv"] = list(argv)
     return tr
