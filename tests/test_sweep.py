@@ -228,7 +228,10 @@ def test_ctrl_c_keeps_finished_rows_and_stops_the_workers(tmp_path):
     out = tmp_path / "rows.jsonl"
     cmd = [sys.executable, "-m", "xmem_engine", "sweep", str(script), "--gpu", "T4", "--set",
            "batch=" + ",".join(str(b) for b in range(1, 13)), "--out", str(out), "--workers", "1", "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # A test run started in the background by a shell ignores SIGINT, and children inherit that:
+    # give the sweep the default disposition a terminal's foreground job has.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not (out.exists() and out.read_text().count("\n") >= 1):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
