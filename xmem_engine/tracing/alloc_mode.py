@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.overrides import _pop_mode_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from xmem_engine.tracing.subclasses import is_fake_wrapper, is_wrapper
@@ -151,11 +150,11 @@ class AllocMode(TorchDispatchMode):
         if top and torch._C._get_function_stack_at(top - 1) is self.t.device_mode:
             # autograd's engine runs with the device mode on (DeviceMode.in_backward_engine):
             # an aten op's handling is below it, as in forward.
-            with _pop_mode_temporarily():
-                return self._dispatch(func, types, args, kwargs)
-        return self._dispatch(func, types, args, kwargs)
-
-    def _dispatch(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            mode = torch._C._pop_torch_function_stack()  # (torch.overrides._pop_mode_temporarily, without its generator)
+            try:
+                return self.__torch_dispatch__(func, types, args, kwargs)
+            finally:
+                torch._C._push_on_torch_function_stack(mode)
         if func is _PRIM_DEVICE and self.fake_errors:
             # C++ asks every fake tensor for its device (autograd does so per input): answer
             # from the tensor without a round trip through FakeTensorMode.

@@ -13,12 +13,16 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-_PLAIN: set[type] = {torch.Tensor, torch.nn.Parameter}
+_KIND: dict[type, bool] = {torch.Tensor: False, torch.nn.Parameter: False}  # type -> is it a wrapper
 
 
 def is_wrapper(t: Any) -> bool:
-    """``t`` is a tensor subclass that wraps other tensors (``__tensor_flatten__``)."""
-    return type(t) not in _PLAIN and isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t)
+    """``t`` is a tensor subclass that wraps other tensors (``__tensor_flatten__``). Asked for
+    every tensor of every op: answered once per type."""
+    kind = _KIND.get(type(t))
+    if kind is None:
+        kind = _KIND[type(t)] = isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t)
+    return kind
 
 
 def inner_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:

@@ -80,17 +80,16 @@ def tensors_in(x: Any) -> Iterator[torch.Tensor]:
     """The tensors of an op's arguments or outputs; a wrapper subclass (DTensor) as the plain
     tensors it holds, which are what has storage (``subclasses.py``)."""
     if isinstance(x, torch.Tensor):
-        if type(x) in _PLAIN or not is_wrapper(x):
-            yield x
-        else:
+        if is_wrapper(x):
             yield from inner_tensors(x)
+        else:
+            yield x
     elif isinstance(x, (list, tuple)):
         for y in x:
             if isinstance(y, (torch.Tensor, list, tuple)):
                 yield from tensors_in(y)
 
 
-_PLAIN = {torch.Tensor, torch.nn.Parameter}
 _STORAGE_RESIZE = "UntypedStorage.resize_"  # the op name of a storage's resize in the trace
 
 
