@@ -286,6 +286,14 @@ def _process_group_class() -> type:
                               input_split_sizes: Any, opts: Any = None) -> Any:
             return _done([output])
 
+        # The same collectives under the names older releases' ProcessGroup trampoline calls
+        # (torch 2.10-2.12: _allgather_base, ...; later: all_gather_single, ...).
+        _allgather_base = all_gather_single
+        _reduce_scatter_base = reduce_scatter_single
+        alltoall_base = all_to_all_single
+        allgather_into_tensor_coalesced = all_gather_single_coalesced
+        reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
         def send(self, tensors: list, dst: int, tag: int = 0) -> Any:
             return _done(None)
 
