@@ -227,6 +227,7 @@ def test_world_size_traces_one_rank_and_leaves_no_group(ip, ns, capsys):
 
     res = _run(ip, "%%xmem --quiet --gpu a100 --world-size 16 --rank 9 -o est\n" + DDP_CELL)
     assert res.success, res.error_in_exec
+    assert capsys.readouterr().out.strip().endswith("(rank 9 of 16)")
     assert ns["seen"] == (16, 9, 1)
     assert ns["est"].world == {"size": 16, "rank": 9, "gpus_per_node": 8}
     assert "rank 9 of 16" in ns["est"].headline

@@ -151,4 +151,6 @@ def one_line(est: Estimate, others: Iterable[Estimate] = ()) -> str:
     for e in [est, *others]:
         parts.append(f"{e.gpu_name}: peak {human(e.peak_device_bytes)} of {human(e.capacity_bytes)}, "
                      f"{'fits' if e.fits else 'DOES NOT FIT'}")
-    return "xmem: " + " | ".join(parts)
+    w = est.world
+    rank = f" (rank {w['rank']} of {w['size']})" if w and w.get("size", 1) > 1 else ""
+    return "xmem: " + " | ".join(parts) + rank
