@@ -288,3 +288,21 @@ seen = (str(d), str(m.weight.device), str(t.device))
     ns: dict = {}
     trace(src, ns, mode="fake", world=World(4, rank=2))
     assert ns["seen"] == ("cuda:2", "cuda:2", "cuda:2")
+
+
+def test_subgroups_and_a_2d_mesh():
+    """``new_group`` and ``init_device_mesh`` over two dimensions (HSDP's replicate x shard)
+    make groups of the right sizes, whose sums count their own ranks."""
+    src = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+dist.init_process_group("nccl")
+g = dist.new_group(ranks=[0, 1, 2, 3])
+mesh = init_device_mesh("cuda", (2, 4), mesh_dim_names=("replicate", "shard"))
+x = torch.ones(8, device="cuda")
+dist.all_reduce(x, group=g)
+seen = (dist.get_world_size(g), mesh["shard"].size(), mesh["replicate"].size(), float(x[0]))
+"""
+    ns: dict = {}
+    trace(src, ns, mode="real", world=World(8))
+    assert ns["seen"] == (4, 4, 2, 4.0)
