@@ -306,3 +306,43 @@ seen = (dist.get_world_size(g), mesh["shard"].size(), mesh["replicate"].size(), 
     ns: dict = {}
     trace(src, ns, mode="real", world=World(8))
     assert ns["seen"] == (4, 4, 2, 4.0)
+
+
+TP = """
+import os, torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(2):
+    model(torch.randn(16, 1024, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tensor_parallel_shards_the_linear_layers(mode):
+    """``parallelize_module`` with column- then row-wise linears: each rank holds 1/N of the
+    weights (and of their gradients and AdamW's moments; the row-wise bias is replicated)."""
+    src = TP
+    world = 4
+    sharded = (1024 * 4096 + 4096 + 4096 * 1024) // world  # column-wise weight and bias, row-wise weight
+    replicated = 1024  # the row-wise layer's bias
+    assert _states_after_last_step(trace(src, {}, mode=mode, world=World(world))) == 16 * (sharded + replicated)
+
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_functional_all_reduce_makes_its_output_once(mode):
+    """The row-wise layer's partial sums are all-reduced (DTensor's redistribute, a functional
+    collective): one output of the activation's size, as on the GPU; nothing for the wait."""
+    tr = trace(TP, {}, mode=mode, world=World(4))
+    forward = [e for e in tr.events if e.kind == "alloc" and e.phase == "forward" and e.iteration == 0]
+    outputs = [e.bytes for e in forward if e.bytes == 16 * 1024 * 4 and "c10d" not in e.op]
+    assert len(outputs) >= 2  # the row-wise output, and its all-reduced copy
+    assert not [e for e in tr.events if e.kind == "alloc" and "wait_tensor" in e.op]

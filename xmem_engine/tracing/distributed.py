@@ -405,6 +405,45 @@ def _fsdp2_patches(stack: contextlib.ExitStack, tracer: Any, load: bool) -> None
             stack.enter_context(patched_attr(mod, name, wrapped))
 
 
+def _functional_collectives(stack: contextlib.ExitStack) -> None:
+    """The functional collectives DTensor redistributes with (tensor parallelism), in this
+    process: each makes its output once, as the GPU op does (a reduced copy, N inputs
+    gathered, one rank's share of a scatter), every rank holding this rank's values. torch's
+    own ops abort the process on an in-process group before 2.13, and from 2.13 on fake mode
+    counts their ``wait_tensor`` as a second output, which a GPU run does not allocate."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.distributed_c10d as c10d
+
+    def group_of(group: Any, tag: str) -> Any:
+        return c10d._resolve_process_group(funcol._resolve_group_name(group, tag))
+
+    def all_reduce(self: torch.Tensor, reduceOp: str, group: Any, tag: str = "") -> torch.Tensor:
+        out = self.clone()
+        if reduceOp.lower() == "sum":
+            out.mul_(group_of(group, tag).size())
+        return out
+
+    def all_gather_tensor(self: torch.Tensor, gather_dim: int, group: Any, tag: str = "") -> torch.Tensor:
+        return torch.cat([self] * group_of(group, tag).size(), dim=gather_dim)
+
+    def reduce_scatter_tensor(self: torch.Tensor, reduceOp: str, scatter_dim: int, group: Any,
+                              tag: str = "") -> torch.Tensor:
+        pg = group_of(group, tag)
+        out = self.chunk(pg.size(), dim=scatter_dim)[dist.get_rank(pg)].clone()
+        if reduceOp.lower() == "sum":
+            out.mul_(pg.size())
+        return out
+
+    for name, fn in (("all_reduce", all_reduce), ("all_gather_tensor", all_gather_tensor),
+                     ("reduce_scatter_tensor", reduce_scatter_tensor)):
+        orig = getattr(funcol, name, None)
+        if orig is not None:
+            fn.__wrapped__ = orig  # type: ignore[attr-defined]
+            for mod, attr in _bound_everywhere(orig, name):
+                stack.enter_context(patched_attr(mod, attr, fn))
+
+
 def _fsdp1_patches(stack: contextlib.ExitStack, tracer: Any) -> None:
     """FSDP1 (``FullyShardedDataParallel``): the unsharded flat parameter, whose storage it
     grows back before each all-gather (``torch.distributed.utils._alloc_storage``), is a
@@ -483,6 +522,7 @@ def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Itera
         _fsdp2_patches(stack, tracer, load=world.distributed)
         _dtensor_patches(stack)
         _fsdp1_patches(stack, tracer)
+        _functional_collectives(stack)
         try:
             yield
         finally:
