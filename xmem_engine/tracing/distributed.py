@@ -522,7 +522,8 @@ def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Itera
         _fsdp2_patches(stack, tracer, load=world.distributed)
         _dtensor_patches(stack)
         _fsdp1_patches(stack, tracer)
-        _functional_collectives(stack)
+        if world.distributed or "torch.distributed._functional_collectives" in sys.modules:
+            _functional_collectives(stack)
         try:
             yield
         finally:
