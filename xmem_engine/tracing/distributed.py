@@ -522,8 +522,7 @@ def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Itera
         _fsdp2_patches(stack, tracer, load=world.distributed)
         _dtensor_patches(stack)
         _fsdp1_patches(stack, tracer)
-        if world.distributed or "torch.distributed._functional_collectives" in sys.modules:
-            _functional_collectives(stack)
+        _functional_collectives(stack)
         try:
             yield
         finally:
