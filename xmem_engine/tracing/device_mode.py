@@ -216,6 +216,7 @@ class DeviceMode(TorchFunctionMode):
             return func(*args, **kwargs)
 
     def on_stack(self) -> bool:
+        """This mode is on the torch-function stack (not inside its own handler)."""
         n = torch._C._len_torch_function_stack()
         return any(torch._C._get_function_stack_at(i) is self for i in range(n))
 
@@ -302,10 +303,10 @@ _VALUE_READS: dict[str, tuple[str, Callable[[torch.Tensor], Any]]] = {
 }
 
 
-def fake_device_property(tracer: Tracer, mode: TorchFunctionMode) -> property:
-    """``FakeTensor.device`` is a Python property, invisible to TorchFunctionMode: report
-    ``cuda:0`` for GPU storages, but only to code running under the device mode (user and
-    library Python code), never to FakeTensorMode's own kernels."""
+def fake_device_property(tracer: Tracer, mode: DeviceMode) -> property:
+    """``FakeTensor.device`` is a Python property, invisible to TorchFunctionMode: report the
+    virtual GPU (``cuda:LOCAL_RANK``) for GPU storages, but only to code running under the
+    device mode (user and library Python code), never to FakeTensorMode's own kernels."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     orig = vars(FakeTensor)["device"]
@@ -316,11 +317,8 @@ def fake_device_property(tracer: Tracer, mode: TorchFunctionMode) -> property:
         # Inside FakeTensorMode's handler its mode is off the stack: its kernels are asking,
         # for an op called with the device mode still on (``torch.ops.fsdp.*``, C++ code).
         if (d.type == "cpu" and t.untyped_storage()._cdata in tracer.live
-                and torch._C._get_dispatch_mode(fake_key) is not None):
-            n = torch._C._len_torch_function_stack()
-            for i in range(n - 1, -1, -1):
-                if torch._C._get_function_stack_at(i) is mode:
-                    return tracer.vc.device
+                and torch._C._get_dispatch_mode(fake_key) is not None and mode.on_stack()):
+            return tracer.vc.device
         return d
 
     return property(device, orig.fset)

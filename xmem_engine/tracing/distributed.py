@@ -25,6 +25,7 @@ gradient buckets and its flattened broadcast buffers are where a GPU run has the
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -86,10 +87,6 @@ class World:
 
     def as_json(self) -> dict[str, int]:
         return {"size": self.size, "rank": self.rank, "gpus_per_node": self.gpus_per_node}
-
-    @classmethod
-    def from_json(cls, d: dict | None) -> "World":
-        return cls(**d) if d else cls()
 
 
 def available() -> bool:
@@ -159,13 +156,10 @@ def _reducer_class(tracer: Any, device_mode: Any) -> type:
     base = dist.Reducer
     ns: dict[str, Any] = {"__doc__": base.__doc__, "__module__": __name__}
 
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        on_gpu(base.__init__, tracer, device_mode)(self, *args, **kwargs)
-
-    ns["__init__"] = init
-    for name in ("_rebuild_buckets", "prepare_for_forward", "prepare_for_backward", "_get_zeros_like_grad_buckets"):
-        if hasattr(base, name):
-            ns[name] = (lambda f: lambda self, *a, **k: on_gpu(f, tracer, device_mode)(self, *a, **k))(getattr(base, name))
+    for name in ("__init__", "_rebuild_buckets", "prepare_for_forward", "prepare_for_backward",
+                 "_get_zeros_like_grad_buckets"):
+        if hasattr(base, name):  # a plain function in the class body: called with self first
+            ns[name] = on_gpu(getattr(base, name), tracer, device_mode)
     return type("Reducer", (base,), ns)
 
 
@@ -183,7 +177,10 @@ def _done(result: Any) -> Any:
     return _create_work_from_future(fut)
 
 
+@functools.cache
 def _process_group_class() -> type:
+    """The process group class, made once (it subclasses torch's ``ProcessGroup``, which
+    needs torch.distributed loaded: not at import)."""
     import torch.distributed as dist
     from torch.distributed import ReduceOp
 
@@ -356,15 +353,14 @@ def _fake_init(orig: Callable[..., Any], world: World, made: list) -> Callable[.
     return init_process_group
 
 
-def _bound_everywhere(obj: Any, name: str) -> list[tuple[Any, str]]:
-    """Every module in ``sys.modules`` that holds ``obj`` under ``name`` (a function imported
-    by name before the trace: ``from torch.distributed import init_process_group``)."""
-    found = []
+def _replace_everywhere(stack: contextlib.ExitStack, obj: Any, name: str, new: Any) -> None:
+    """``new`` in place of ``obj`` under ``name`` in every module of ``sys.modules`` that holds
+    it (a function imported by name before the trace: ``from torch.distributed import
+    init_process_group``), for the stack's duration."""
     for mod in list(sys.modules.values()):
         d = getattr(mod, "__dict__", None)
         if d is not None and d.get(name) is obj:
-            found.append((mod, name))
-    return found
+            stack.enter_context(patched_attr(mod, name, new))
 
 
 FSDP2 = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
@@ -400,9 +396,7 @@ def _fsdp2_patches(stack: contextlib.ExitStack, tracer: Any, load: bool) -> None
             stack.enter_context(patched_attr(group, name, _in_scope(f, tracer, Category.COMMUNICATION)))
     alloc = getattr(group, "alloc_storage", None)
     if alloc is not None:
-        wrapped = _in_scope(alloc, tracer, Category.PARAMETER)
-        for mod, name in _bound_everywhere(alloc, "alloc_storage"):
-            stack.enter_context(patched_attr(mod, name, wrapped))
+        _replace_everywhere(stack, alloc, "alloc_storage", _in_scope(alloc, tracer, Category.PARAMETER))
 
 
 def _functional_collectives(stack: contextlib.ExitStack) -> None:
@@ -440,8 +434,7 @@ def _functional_collectives(stack: contextlib.ExitStack) -> None:
         orig = getattr(funcol, name, None)
         if orig is not None:
             fn.__wrapped__ = orig  # type: ignore[attr-defined]
-            for mod, attr in _bound_everywhere(orig, name):
-                stack.enter_context(patched_attr(mod, attr, fn))
+            _replace_everywhere(stack, orig, name, fn)
 
 
 def _fsdp1_patches(stack: contextlib.ExitStack, tracer: Any) -> None:
@@ -453,9 +446,7 @@ def _fsdp1_patches(stack: contextlib.ExitStack, tracer: Any) -> None:
 
     alloc = getattr(dist_utils, "_alloc_storage", None)
     if alloc is not None:
-        wrapped = _in_scope(alloc, tracer, Category.PARAMETER)
-        for mod, name in _bound_everywhere(alloc, "_alloc_storage"):
-            stack.enter_context(patched_attr(mod, name, wrapped))
+        _replace_everywhere(stack, alloc, "_alloc_storage", _in_scope(alloc, tracer, Category.PARAMETER))
 
 
 def _dtensor_patches(stack: contextlib.ExitStack) -> None:
@@ -478,8 +469,7 @@ def _dtensor_patches(stack: contextlib.ExitStack) -> None:
             meta = arg.tensor_meta
             return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="cpu")
 
-        for mod, name in _bound_everywhere(rebuild, "_rebuild_tensor_from_dtensor_meta"):
-            stack.enter_context(patched_attr(mod, name, on_host))
+        _replace_everywhere(stack, rebuild, "_rebuild_tensor_from_dtensor_meta", on_host)
 
 
 @contextlib.contextmanager
@@ -502,9 +492,7 @@ def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Itera
         stack.enter_context(_backend_registered())
         made: list = []
         orig = c10d.init_process_group
-        fake = _fake_init(orig, world, made)
-        for mod, name in _bound_everywhere(orig, "init_process_group"):
-            stack.enter_context(patched_attr(mod, name, fake))
+        _replace_everywhere(stack, orig, "init_process_group", _fake_init(orig, world, made))
         # DDP's construction: each rank's parameter shapes are checked against the others'
         # (C++ reading the sizes into a few KB, which fake tensors cannot give: every rank
         # here is the same script, so there is nothing to check), then rank 0's states are
@@ -514,9 +502,7 @@ def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Itera
         for name, make in replacements.items():
             f = getattr(dist, name, None)
             if f is not None:
-                new = make(f)
-                for mod, attr in _bound_everywhere(f, name):
-                    stack.enter_context(patched_attr(mod, attr, new))
+                _replace_everywhere(stack, f, name, make(f))
         if hasattr(dist, "Reducer"):
             stack.enter_context(patched_attr(dist, "Reducer", _reducer_class(tracer, device_mode)))
         _fsdp2_patches(stack, tracer, load=world.distributed)

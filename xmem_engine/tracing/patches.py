@@ -249,15 +249,14 @@ def loaded_fake_tensor_type() -> type | None:
 
 def outside_mode(orig: Callable[..., Any], handler: Callable[[Any, tuple, dict], Any], mode: Any) -> Callable[..., Any]:
     """``orig`` (a function the device mode rewrites, e.g. ``F.scaled_dot_product_attention``
-    or ``F.dropout``) for code that runs while the tracer's device mode is off: backward, run
-    from inside the mode's own handler (a checkpoint's recomputation, a custom Function's
-    backward). With the mode on, ``orig``, which the mode sends to ``handler``; with it off,
-    ``handler`` directly. Either way the handler runs with the mode off, and forward and
+    or ``F.dropout``) for code that runs while the tracer's device mode is off: inside the
+    mode's own handler (``nn.MultiheadAttention`` reaching attention from a handled function).
+    With the mode on, ``orig``, which the mode sends to ``handler``; with it off, ``handler``
+    directly. Either way the handler runs with the mode off, and forward and a checkpoint's
     recomputation allocate alike (checkpointing checks that they do)."""
-    from torch.overrides import _get_current_function_mode_stack
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if any(m is mode for m in _get_current_function_mode_stack()):
+        if mode.on_stack():
             return orig(*args, **kwargs)
         return handler(orig, args, kwargs)
 
