@@ -21,11 +21,13 @@ by design.
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import sys
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,8 +55,50 @@ def engine_counts(src: str, loss_line: str, ids: torch.Tensor) -> collections.Co
     exec(src + loss_line, ns)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         ns["loss"].backward()
-    return collections.Counter(ev.name.split("::")[1] for ev in prof.events()
-                               if ev.cpu_memory_usage > 4 and ev.name.startswith("aten::"))
+    return _allocating_ops(prof.profiler.kineto_results.events())
+
+
+def _allocating_ops(raw) -> collections.Counter:
+    """Per aten op, how many calls held more than 4 bytes more when they ended than when they
+    began, on their own thread, in integer nanoseconds.
+
+    ``prof.events()`` does the same in float microseconds since the epoch (about 256 ns of
+    rounding at today's clock) over all threads, so a free just after an op ended could
+    un-count it on a busy machine. Like it, a call whose only child is a call of the same
+    name (``mul.Scalar`` -> ``mul.Tensor``) counts once.
+    """
+    mem = sorted((e.start_thread_id(), e.start_ns(), e.nbytes()) for e in raw
+                 if e.name() == "[memory]" and e.device_type() == DeviceType.CPU)
+    keys = [(thread, t) for thread, t, _ in mem]
+    ops = sorted((e for e in raw if e.name() != "[memory]" and e.device_type() == DeviceType.CPU),
+                 key=lambda e: (e.start_thread_id(), e.start_ns(), -e.end_ns()))
+    parent: dict[int, int | None] = {}
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    stack: list[int] = []
+    for i, e in enumerate(ops):
+        while stack and (ops[stack[-1]].start_thread_id() != e.start_thread_id()
+                         or ops[stack[-1]].end_ns() < e.end_ns()):
+            stack.pop()
+        parent[i] = stack[-1] if stack else None
+        if stack:
+            children[stack[-1]].append(i)
+        stack.append(i)
+    for i in range(len(ops)):  # in start order, so a chain of same-named calls folds from the top
+        up = parent[i]
+        if up is not None and ops[up].name() == ops[i].name() and children[up] == [i]:
+            children[up] = children.pop(i, [])
+            for child in children[up]:
+                parent[child] = up
+            del parent[i]
+    counts: collections.Counter = collections.Counter()
+    for i in parent:
+        e = ops[i]
+        if e.name().startswith("aten::"):
+            lo = bisect.bisect_left(keys, (e.start_thread_id(), e.start_ns()))
+            hi = bisect.bisect_right(keys, (e.start_thread_id(), e.end_ns()))
+            if sum(nbytes for _, _, nbytes in mem[lo:hi]) > 4:
+                counts[e.name().split("::")[1]] += 1
+    return counts
 
 
 def tracer_counts(src: str, loss_line: str, ids: torch.Tensor) -> collections.Counter:
