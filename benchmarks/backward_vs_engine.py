@@ -55,11 +55,11 @@ def engine_counts(src: str, loss_line: str, ids: torch.Tensor) -> collections.Co
     exec(src + loss_line, ns)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         ns["loss"].backward()
-    return _allocating_ops(prof.profiler.kineto_results.events())
+    return allocating_ops(prof.profiler.kineto_results.events())
 
 
-def _allocating_ops(raw) -> collections.Counter:
-    """Per aten op, how many calls held more than 4 bytes more when they ended than when they
+def allocating_ops(raw, more_than: int = 4) -> collections.Counter:
+    """Per aten op, how many calls held more than ``more_than`` bytes more when they ended than when they
     began, on their own thread, in integer nanoseconds.
 
     ``prof.events()`` does the same in float microseconds since the epoch (about 256 ns of
@@ -96,7 +96,7 @@ def _allocating_ops(raw) -> collections.Counter:
         if e.name().startswith("aten::"):
             lo = bisect.bisect_left(keys, (e.start_thread_id(), e.start_ns()))
             hi = bisect.bisect_right(keys, (e.start_thread_id(), e.end_ns()))
-            if sum(nbytes for _, _, nbytes in mem[lo:hi]) > 4:
+            if sum(nbytes for _, _, nbytes in mem[lo:hi]) > more_than:
                 counts[e.name().split("::")[1]] += 1
     return counts
 

@@ -153,6 +153,8 @@ def test_allocating_sums_are_the_ones_autograd_makes_without_a_mode():
     tracer must allocate for exactly as many (and without the rewrite it allocates more)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from benchmarks.backward_vs_engine import allocating_ops
+
     ns: dict = {}
     exec(TINY_LM, ns)
     torch.manual_seed(0)
@@ -160,7 +162,7 @@ def test_allocating_sums_are_the_ones_autograd_makes_without_a_mode():
     loss = model(torch.randint(0, 100, (4, 16)))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         loss.backward()
-    plain = sum(1 for ev in prof.events() if ev.name == "aten::add" and ev.cpu_memory_usage > 0)
+    plain = allocating_ops(prof.profiler.kineto_results.events(), more_than=0)["add"]
     in_place = sum(1 for ev in prof.events() if ev.name == "aten::add_")
     assert plain >= 1 and in_place >= 10  # the model exercises both branches
     step = TINY_LM + """
