@@ -396,6 +396,10 @@ def estimate_trace(
                 f"spare, is {gib(natural)}"]
         else:
             natural = None
+    if sim.workspaces_dropped and not sim.oom:
+        n = sim.workspaces_dropped
+        notes = notes + [f"{n} cuDNN workspace{'s' if n != 1 else ''} measured for this GPU did not fit here: "
+                         f"cuDNN then runs an engine config that needs less (taken as none)"]
     rng = peak_range(tr, peak_device, target.context_bytes)
     t1 = time.perf_counter()
     return Estimate(

@@ -20,7 +20,8 @@ Allocation categories
 ---------------------
 ``parameter``, ``buffer``, ``gradient``, ``optimizer_state``, ``activation`` (saved for
 backward), ``temporary``, ``input`` (data moved to the GPU), ``workspace`` (library
-scratch such as the cuBLAS workspace), ``communication`` (buffers of collectives: DDP's
+scratch such as the cuBLAS workspace; a ``cudnn.workspace`` request that does not fit is
+dropped, not a failure), ``communication`` (buffers of collectives: DDP's
 gradient buckets, FSDP's gather and reduce-scatter buffers), ``other``.
 """
 
@@ -95,6 +96,10 @@ MARKER_KINDS = (ITERATION.value, PHASE.value, EMPTY_CACHE.value, RESET_PEAK.valu
 CATEGORIES = tuple(c.value for c in Category)
 PHASES = tuple(p.value for p in Phase)
 MODES = tuple(m.value for m in Mode)
+
+# The op of a cuDNN convolution workspace (``gpus/cudnn.py``): the one request a run survives
+# failing, since PyTorch then tries cuDNN's next engine config; the simulator drops it instead.
+CUDNN_WORKSPACE_OP = "cudnn.workspace"
 
 # The largest request a trace may hold: 1 PiB, far above any GPU (the simulator refuses more).
 MAX_REQUEST_BYTES = 1 << 50

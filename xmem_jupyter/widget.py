@@ -33,7 +33,7 @@ from jupyter_bokeh import BokehModel
 
 from xmem_engine.advisor import Advice
 from xmem_engine.estimate import REPORT_MIME, Estimate, minimum_memory
-from xmem_engine.gpus import load_catalog
+from xmem_engine.gpus import cudnn, load_catalog
 
 from xmem_jupyter.advice import advice_html, advise_cell, measured
 from xmem_jupyter.bokeh_loader import bokeh_loader
@@ -164,8 +164,13 @@ class XmemWidget(widgets.VBox):
         return self._cache[key]
 
     def _flame_for(self, est: Estimate) -> FlameData:
-        """The flame chart changes only with the trace and the workspace size (per GPU)."""
-        key = (id(est.trace), est.target.cublas_workspace_bytes if est.target else est.gpu)
+        """The flame chart changes only with the trace and the library workspaces: cuBLAS's size
+        (per GPU) and cuDNN's measured table (per architecture, when there is one)."""
+        if est.target:
+            table = cudnn.table_for(est.target)
+            key = (id(est.trace), est.target.cublas_workspace_bytes, table.compute_capability if table else None)
+        else:
+            key = (id(est.trace), est.gpu, None)
         if key != self._flame_key or not hasattr(self, "flame"):
             self._flame_key = key
             return build_flame(est.simulated_events or [])

@@ -18,6 +18,8 @@ re-tracing:
   up to PyTorch 2.8, is kept per (handle, stream) in 2.9-2.11, and is the cuBLAS workspace
   itself from 2.12 (``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` opts in from 2.8, out from 2.12).
   Backward GEMMs are plain ``mm`` and never take this path.
+* cuDNN convolution workspaces (``cudnn.py``): measured per architecture, asked for after each
+  convolution the tracer recorded, dropped when the device cannot give them.
 * Library memory outside the allocator (:func:`library_bytes`): the kernels a step loads on
   first use (PyTorch's, cuBLAS's, cuDNN's), which nvidia-smi counts but the allocator never
   sees: the catalog's ``kernel_bytes`` for the target GPU.
@@ -30,6 +32,7 @@ import re
 from dataclasses import replace
 from typing import Iterable
 
+from xmem_engine.gpus import cudnn
 from xmem_engine.gpus.catalog import GPU
 from xmem_engine.trace import ALLOC, FREE, Trace, TraceEvent
 
@@ -39,14 +42,10 @@ GEMM_OPS = frozenset({
     "aten.vdot", "aten.mv", "aten.addmv", "aten.addr", "aten.linear", "aten._addmm_activation",
     "aten._scaled_mm", "aten._int_mm", "aten.einsum", "aten.tensordot",
 })
-# aten ops (name prefixes) that run cuDNN convolutions on a GPU, whose workspaces xmem does
-# not add: convolution, convolution_backward, _convolution, cudnn_convolution(_transpose).
+# aten ops (name prefixes) that run cuDNN convolutions on a GPU, whose workspaces come from
+# measurements (gpus/cudnn.py): convolution, convolution_backward, _convolution, cudnn_convolution(_transpose).
 CONV_OP_PREFIXES = ("aten.convolution", "aten._convolution", "aten.cudnn_convolution")
-CUDNN_NOTE = (
-    "not included: cuDNN convolution workspaces (cuDNN's heuristics choose the algorithm on the "
-    "GPU itself); on the paper's RTX 3060 runs, MnasNet and MobileNetV2 at batch 200-323 "
-    "measured 11-16% above the estimate, likely for this reason, yet still ran with the allocator "
-    "capped at 84-89% of that; most CNN runs showed no such gap")
+CUDNN_NOTE = cudnn.NOT_INCLUDED
 WORKSPACE_OP = "cublas.workspace"
 LT_WORKSPACE_OP = "cublaslt.workspace"
 
@@ -184,11 +183,18 @@ def adapt_trace(trace: Trace, gpu: GPU, torch_version: str | None = None,
     env = os.environ if environ is None else environ
     size = cublas_workspace_bytes(gpu, env, torch_version)
     notes = []
+    events = trace.events
     convolutions = trace.meta.get("convolutions")  # recorded by the tracer; a trace file lacks it
     if convolutions is None:
-        convolutions = runs_convolutions(trace.events)
+        convolutions = runs_convolutions(events)
     if convolutions:
-        notes.append(CUDNN_NOTE)
+        calls = trace.meta.get("conv_calls") or []
+        table = cudnn.table_for(gpu, env) if calls and not trace.meta.get("cudnn_benchmark") else None
+        found = 0
+        if table is not None:
+            events, found, _ = cudnn.insert_workspaces(events, calls, table)
+        notes.append(cudnn.describe(table, found, sum(len(k) for _, k in calls),
+                                    bool(trace.meta.get("cudnn_benchmark"))))
     if env.get("CUBLAS_WORKSPACE_CONFIG"):
         notes.append(f"cuBLAS workspace {size} B from CUBLAS_WORKSPACE_CONFIG")
     mode = lt_workspace_mode(torch_version, env)
@@ -196,8 +202,8 @@ def adapt_trace(trace: Trace, gpu: GPU, torch_version: str | None = None,
     if lt_size:
         notes.append(f"cuBLASLt workspace {lt_size} B {mode} (PyTorch {torch_version or 'installed'})")
     if size == 0 and lt_size == 0:
-        return list(trace.events), notes
-    return _insert_workspaces(trace.events, size, lt_size, mode, env), notes
+        return list(events), notes
+    return _insert_workspaces(events, size, lt_size, mode, env), notes
 
 
 def _insert_workspaces(events: list[TraceEvent], size: int, lt_size: int, mode: str,

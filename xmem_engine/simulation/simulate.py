@@ -59,6 +59,7 @@ class SimulationResult:
     memory_stats: dict[str, int] = field(default_factory=dict)
 
     reserved_at_peak_bytes: int = 0  # reserved when allocated peaked: the rest is cached
+    workspaces_dropped: int = 0  # cuDNN workspaces the device could not give (a smaller engine ran)
 
     @property
     def cached_at_peak_bytes(self) -> int:
@@ -94,6 +95,8 @@ def simulate(
     peak = -1
     peak_bytes = reserved_at_peak = 0
     oom_event, oom_message = -1, ""
+    dropped: set[int] = set()  # cuDNN workspaces the device could not give (their frees are skipped)
+    n_dropped = 0
     malloc, free = alloc.malloc, alloc.free
     # The allocator's current-value list, read directly: this loop is the GPU-switch path.
     cur = alloc.cur
@@ -105,6 +108,10 @@ def simulate(
             try:
                 b = malloc(e.bytes, e.stream)
             except OutOfMemoryError as err:
+                if e.op == tr.CUDNN_WORKSPACE_OP:  # PyTorch runs cuDNN's next engine config instead
+                    dropped.add(e.id)
+                    n_dropped += 1
+                    continue
                 oom_event, oom_message = i, str(err)
                 break
             sid = e.id
@@ -118,6 +125,9 @@ def simulate(
         elif kind == tr.FREE:
             b = blocks.pop(e.id, None)
             if b is None:
+                if e.id in dropped:
+                    dropped.discard(e.id)
+                    continue
                 raise ValueError(f"trace event {i}: free of storage {e.id}, which is not allocated")
             free(b)
             died[e.id] = i
@@ -174,4 +184,5 @@ def simulate(
         seconds=time.perf_counter() - t0,
         memory_stats=alloc.memory_stats(),
         reserved_at_peak_bytes=reserved_at_peak,
+        workspaces_dropped=n_dropped,
     )

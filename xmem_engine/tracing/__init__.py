@@ -35,7 +35,8 @@ How it works
   to allocate as on the target GPU: dropout (``native_dropout``'s bool mask) and
   ``scaled_dot_product_attention`` (the backend CUDA would pick for the target's compute
   capability, ``sdpa.py``); other differences (cuBLAS / cuDNN workspaces, autocast cast
-  lists) are the business of ``xmem_engine/gpus/cuda_libraries.py``. oneDNN is switched off so that real CPU execution takes
+  lists) are the business of ``xmem_engine/gpus/cuda_libraries.py``, for which each GPU
+  convolution's cuDNN problems are recorded (``convolutions.py``). oneDNN is switched off so that real CPU execution takes
   the same generic kernels as fake tensors.
 * Module hooks give the module path (dotted, relative to the top-level module; the
   top-level module's own ops carry its variable name, or its class name). Backward ops get

@@ -26,6 +26,7 @@ from xmem_engine.tracing.subclasses import is_fake_wrapper, is_wrapper
 
 from xmem_engine.tracing.cuda_temporaries import RULES as CUDA_TEMPORARIES
 from xmem_engine.tracing.cuda_temporaries import BySM
+from xmem_engine.tracing import convolutions
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.fake_fastpaths import FAST_FAKE
 from xmem_engine.tracing.frames import as_torch_error, user_frame
@@ -256,6 +257,8 @@ class AllocMode(TorchDispatchMode):
                 tr.transients_by_sm(func, steps)
             elif steps:
                 tr.transients(func, steps)
+        if func in convolutions.OPS and (gpu if gpu is not None else self._on_gpu(args, kwargs)):
+            convolutions.record(tr, func, args, kwargs)  # cuDNN's problems: workspaces by target GPU
         if in_backward:
             self.backward_writes.made(tensors_in(out))
         if tr.op_hooks:

@@ -294,6 +294,10 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
         d = tracer.cuda_device
         meta["by_sm"] = {"sm_count": d.sm_count, "max_threads_per_sm": d.max_threads_per_sm,
                          "torch_version": d.torch_version, "groups": tracer.by_sm}
+    if tracer.conv_calls:
+        meta["conv_calls"] = tracer.conv_calls  # gpus/cudnn.py adds the target GPU's workspaces
+        if tracer.cudnn_benchmark:
+            meta["cudnn_benchmark"] = True
     if tracer.sdpa_calls:
         meta["sdpa_calls"] = tracer.sdpa_calls  # their backend was chosen for this capability
     return Trace(events=events, mode=mode, seconds=seconds, meta=meta)

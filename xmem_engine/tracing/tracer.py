@@ -136,6 +136,8 @@ class Tracer:
         self.stopped = False
         self.op_hooks: list[Callable[["Tracer", Any, tuple, dict, Any], None]] = []
         self.sdpa_calls = 0  # attention calls whose CUDA backend sdpa.py chose for this GPU
+        self.conv_calls: list[list] = []  # GPU convolutions' cuDNN problems (convolutions.py)
+        self.cudnn_benchmark = False  # one ran with torch.backends.cudnn.benchmark on
         self.notes: list[str] = []  # what the estimate should tell about how this run was traced
         self.torch_target: tuple[int, int] | None = None  # the GPU run's PyTorch, when not this one
         self.real_ops: dict[str, int] = {}  # fake mode: ops run for real (no fake kernel), by name

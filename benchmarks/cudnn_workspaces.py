@@ -1,0 +1,218 @@
+"""Measure cuDNN's convolution workspaces on a GPU, for xmem_engine/gpus/cudnn.py.
+
+Which engine cuDNN's heuristics pick, and so how much workspace a convolution asks the caching
+allocator for, is decided on the GPU. This script measures it, problem by problem, in three steps:
+
+    .venv/bin/python benchmarks/cudnn_workspaces.py collect     # CPU: the problems of the workloads
+    python benchmarks/cudnn_workspaces.py measure               # GPU: each problem's workspace
+    .venv/bin/python benchmarks/cudnn_workspaces.py install FILE  # CPU: into the engine's tables
+
+``collect`` traces the convolutional ground-truth runs of ``benchmarks/workloads/`` (the runs
+``gpu_groundtruth.py`` records, so that each measured table can be checked against a measured
+step on the same GPU) and, with ``--zoo`` (``.venv-bench``: torchvision, timm, diffusers), the
+zoo's scripts, and writes their
+problems to ``benchmarks/data/conv_problems.json``. ``measure`` runs each problem's op
+(``aten.convolution`` or ``convolution_backward`` with one output asked for) twice under
+PyTorch's defaults (heuristics mode, ``cudnn.benchmark`` off) and takes what the second call's
+peak allocated beyond its inputs and outputs: the workspace (and any copy cuDNN's path makes),
+as the caching allocator saw it. It writes ``benchmarks/data/cudnn_workspaces-<gpu>-<date>.json``
+in the engine's table format; ``install`` merges such a file into
+``xmem_engine/data/cudnn_workspaces.json`` (replacing the table of the same architecture).
+``measure --dry-run`` runs everything on the CPU with workspaces of 0, to check the script.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` and the engine importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from xmem_engine.gpus.cudnn import WORKSPACES_FILE, ConvProblem  # noqa: E402
+
+BENCH = Path(__file__).resolve().parent
+PROBLEMS_FILE = BENCH / "data" / "conv_problems.json"
+CONV_WORKLOADS = ("resnet50", "mobilenetv2")  # the ground-truth workloads that run convolutions
+
+
+def _runs() -> list:
+    from benchmarks.workloads import WORKLOADS
+
+    return [r for r in WORKLOADS if r.script.stem in CONV_WORKLOADS and not r.env]
+
+
+def collect(zoo: bool, out: Path) -> dict:
+    """Trace the workloads on the CPU and gather their convolution problems."""
+    from xmem_engine.overrides import as_set_text
+    from xmem_engine.tracing.script import trace_script
+
+    sources: dict[str, list[str]] = {}
+    targets = [(r.name, r.script, {k: as_set_text(v) for k, v in r.overrides.items()}) for r in _runs()]
+    if zoo:
+        targets += [(f"zoo/{p.stem}", p, {}) for p in sorted((BENCH / "zoo").glob("*.py"))]
+    for name, script, overrides in targets:
+        t0 = time.perf_counter()
+        try:
+            tr = trace_script(script, mode="fake", overrides=overrides, max_iterations=1)
+        except BaseException as e:  # noqa: BLE001 - a zoo script whose libraries are missing, or that fails
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            print(f"{name}: skipped ({type(e).__name__}: {str(e)[:120]})", flush=True)
+            continue
+        keys = [k for _, ks in tr.meta.get("conv_calls", []) for k in ks]
+        for k in dict.fromkeys(keys):
+            sources.setdefault(k, []).append(name)
+        print(f"{name}: {len(keys)} convolution calls, {len(set(keys))} problems ({time.perf_counter() - t0:.1f} s)",
+              flush=True)
+    doc = {"what": "convolution problems of the traced workloads (xmem_engine/gpus/cudnn.py ConvProblem keys)",
+           "problems": sources}  # in the order met: the ground-truth workloads' first, measured first
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{len(sources)} problems -> {out}")
+    return doc
+
+
+def _tensors(x) -> list:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return [t for t in (x if isinstance(x, (list, tuple)) else []) if isinstance(t, torch.Tensor)]
+
+
+def measure_one(p: ConvProblem, device: str) -> int:
+    """Bytes the problem's op took, at its peak, beyond its inputs and outputs (0 on the CPU)."""
+    import torch
+
+    dtype = getattr(torch, p.dtype)
+    fmt = torch.contiguous_format
+    if p.channels_last:
+        fmt = torch.channels_last if len(p.input) == 4 else torch.channels_last_3d
+    x = torch.randn(p.input, device=device, dtype=dtype).contiguous(memory_format=fmt)
+    w = torch.randn(p.weight, device=device, dtype=dtype).contiguous(memory_format=fmt)
+    conv = (list(p.stride), list(p.padding), list(p.dilation), p.transposed, list(p.output_padding), p.groups)
+    if p.direction == "forward":
+        def run():
+            return torch.ops.aten.convolution(x, w, None, *conv)
+    else:
+        go = torch.ops.aten.convolution(x, w, None, *conv)
+        go.normal_()
+        mask = [p.direction == "backward_data", p.direction == "backward_weight", False]
+
+        def run():
+            return torch.ops.aten.convolution_backward(go, x, w, None, *conv, mask)
+    cudnn = torch.backends.cudnn
+    before = cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32
+    cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32 = False, p.deterministic, p.allow_tf32
+    try:
+        del_out = run()  # first call: cuDNN's heuristics and its plan cache (allocates the same workspace)
+        del del_out
+        if device == "cpu":
+            run()
+            return 0
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = run()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        outputs = sum(-(-t.untyped_storage().nbytes() // 512) * 512 for t in _tensors(out))
+        return max(0, peak - base - outputs)
+    finally:
+        cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32 = before
+
+
+def measure(problems: Path, out_dir: Path, budget_s: float, dry_run: bool) -> Path:
+    import torch
+
+    doc = json.loads(problems.read_text())
+    keys = list(doc["problems"])
+    device = "cpu" if dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("measure needs a CUDA GPU (or --dry-run)")
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        gpu, cc = props.name, [props.major, props.minor]
+    else:
+        gpu, cc = "cpu (dry run)", [0, 0]
+    sizes: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    t0 = time.perf_counter()
+    for i, k in enumerate(keys):
+        if time.perf_counter() - t0 > budget_s:
+            print(f"budget of {budget_s:.0f} s spent: {len(keys) - i} problems left unmeasured", flush=True)
+            break
+        try:
+            problem = ConvProblem.from_key(k)
+            if dry_run:  # the pipeline, not the figures: batch 1 keeps the CPU's convolutions quick
+                problem = dataclasses.replace(problem, input=(1, *problem.input[1:]))
+            sizes[k] = measure_one(problem, device)
+        except Exception as e:  # noqa: BLE001 - one problem's failure (an OOM, an unsupported dtype) is data
+            errors[k] = f"{type(e).__name__}: {str(e)[:200]}"
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        if (i + 1) % 50 == 0:
+            print(f"{i + 1}/{len(keys)} problems, {time.perf_counter() - t0:.0f} s", flush=True)
+    now = dt.datetime.now(dt.timezone.utc)
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+    table = {"compute_capability": cc, "gpu": gpu, "cudnn_version": torch.backends.cudnn.version(),
+             "torch_version": torch.__version__.split("+")[0],
+             "source": f"benchmarks/cudnn_workspaces.py measure on {gpu}, {now:%Y-%m-%d}: "
+                       f"{len(sizes)} problems of {problems.name}",
+             "bytes": sizes}
+    out = out_dir / f"cudnn_workspaces-{slug}-{now:%Y-%m-%d}.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"tables": [table], "errors": errors, "dry_run": dry_run}, indent=1) + "\n")
+    nonzero = sorted(((v, k) for k, v in sizes.items() if v), reverse=True)
+    print(f"{len(sizes)} measured ({len(nonzero)} with a workspace), {len(errors)} failed, "
+          f"{time.perf_counter() - t0:.1f} s -> {out}")
+    for v, k in nonzero[:10]:
+        print(f"  {v / 2**20:10.1f} MiB  {k}")
+    return out
+
+
+def install(measured: Path, into: Path = WORKSPACES_FILE) -> None:
+    """Merge a measured file's tables into the engine's (same architecture: replaced)."""
+    new = json.loads(measured.read_text())
+    if new.get("dry_run"):
+        raise SystemExit(f"{measured} is a dry run's: not installed")
+    old = json.loads(into.read_text()) if into.is_file() else {"tables": []}
+    ccs = {tuple(t["compute_capability"]) for t in new["tables"]}
+    tables = [t for t in old.get("tables", []) if tuple(t["compute_capability"]) not in ccs] + new["tables"]
+    doc = {"what": "cuDNN convolution workspaces measured per GPU architecture (xmem_engine/gpus/cudnn.py)",
+           "tables": sorted(tables, key=lambda t: t["compute_capability"])}
+    into.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{into}: {len(doc['tables'])} table(s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="trace the workloads on the CPU; write their convolution problems")
+    c.add_argument("--zoo", action="store_true", help="also the zoo's scripts (those whose libraries import)")
+    c.add_argument("--out", type=Path, default=PROBLEMS_FILE)
+    m = sub.add_parser("measure", help="measure each problem's workspace on the GPU")
+    m.add_argument("--problems", type=Path, default=PROBLEMS_FILE)
+    m.add_argument("--out", type=Path, default=BENCH / "data")
+    m.add_argument("--budget-s", type=float, default=240.0, help="stop measuring after this long")
+    m.add_argument("--dry-run", action="store_true", help="on the CPU, workspaces 0: checks the script")
+    i = sub.add_parser("install", help="merge a measured file into xmem_engine/data/cudnn_workspaces.json")
+    i.add_argument("file", type=Path)
+    a = ap.parse_args(argv)
+    if a.cmd == "collect":
+        collect(a.zoo, a.out)
+    elif a.cmd == "measure":
+        measure(a.problems, a.out, a.budget_s, a.dry_run)
+    else:
+        install(a.file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Which cuDNN problems a traced step runs: recorded per call, for ``gpus/cudnn.py``.
+
+A convolution's workspace depends on the GPU it runs on (cuDNN's heuristics choose the engine
+there), so the tracer does not add it: it records each GPU convolution's problems (forward;
+in backward the data and weight gradients, as ``convolution_backward``'s output mask asks)
+with the id of the op's last output allocation, and the estimate adds the target GPU's
+measured workspaces there. Kept in ``trace.meta["conv_calls"]``: ``[[output id, [problem
+key, ...]], ...]``; ``trace.meta["cudnn_benchmark"]`` says a call ran with
+``torch.backends.cudnn.benchmark`` on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from xmem_engine.gpus.cudnn import ConvProblem
+from xmem_engine.trace import ALLOC
+from xmem_engine.tracing.frames import op_name
+
+FORWARD = torch.ops.aten.convolution.default
+BACKWARD = torch.ops.aten.convolution_backward.default
+OPS = frozenset({FORWARD, BACKWARD})
+_LOOK_BACK = 8  # the op's outputs are among the last events when the op returns
+
+
+def _ints(xs: Any, n: int) -> tuple[int, ...]:
+    xs = tuple(int(x) for x in xs)
+    return xs * n if len(xs) == 1 and n > 1 else xs
+
+
+def problems(func: Any, args: tuple, kwargs: dict) -> list[ConvProblem]:
+    """The cuDNN problems one ``convolution`` / ``convolution_backward`` call runs."""
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
+    if func is BACKWARD:
+        names = ("grad_output", "input", "weight", "bias_sizes", "stride", "padding", "dilation", "transposed",
+                 "output_padding", "groups", "output_mask")
+    a = dict(zip(names, args))
+    a.update(kwargs)
+    x, w = a["input"], a["weight"]
+    spatial = max(x.dim() - 2, 1)
+    mask = tuple(a["output_mask"]) if func is BACKWARD else ()
+    directions = ["forward"] if func is FORWARD else (
+        (["backward_data"] if mask[0] else []) + (["backward_weight"] if mask[1] else []))
+    cl = x.dim() in (4, 5) and not x.is_contiguous() and x.is_contiguous(
+        memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    ctx = torch.backends.cudnn
+    common = dict(dtype=str(x.dtype).removeprefix("torch."), input=tuple(x.shape), weight=tuple(w.shape),
+                  stride=_ints(a["stride"], spatial), padding=_ints(a["padding"], spatial),
+                  dilation=_ints(a["dilation"], spatial), transposed=bool(a["transposed"]),
+                  output_padding=_ints(a["output_padding"], spatial), groups=int(a["groups"]), channels_last=cl,
+                  deterministic=bool(ctx.deterministic or torch.are_deterministic_algorithms_enabled()),
+                  allow_tf32=bool(ctx.allow_tf32))
+    return [ConvProblem(direction=d, **common) for d in directions]
+
+
+def record(tracer: Any, func: Any, args: tuple, kwargs: dict) -> None:
+    """After a GPU convolution op returned: note its problems after its last output's alloc."""
+    name = op_name(func)
+    events = tracer.events
+    out_id = next((e.id for e in reversed(events[-_LOOK_BACK:]) if e.kind == ALLOC and e.op == name), None)
+    if out_id is None:  # no output allocated (empty tensors): nothing runs on cuDNN either
+        return
+    keys = [p.key() for p in problems(func, args, kwargs)]
+    if keys:
+        tracer.conv_calls.append([out_id, keys])
+        if torch.backends.cudnn.benchmark:
+            tracer.cudnn_benchmark = True
