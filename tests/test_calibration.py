@@ -131,3 +131,31 @@ def test_leave_one_model_out_and_near_capacity_tables():
     assert "| **all** | | 90 |" in loo
     near = near_capacity(rows)
     assert near.count("\n") == 2 and "capacity-limited" in near.splitlines()[-1]
+
+
+def test_the_frontier_trades_misses_for_width_by_kind():
+    import random
+
+    from benchmarks.paper_runs import frontier
+
+    rnd = random.Random(0)
+    rows = [{"model": m, "kind": k, "batch_size": 10 + i, "xmem_bytes": (1000 + i) << 20,
+             "ground_bytes": int(((1000 + i) + rnd.gauss(0, 20)) * 2**20), "scale_bytes": 8 << 20,
+             "real_oom": False, "error": ""}
+            for m, k in [("a", "convolution"), ("b", "convolution"), ("c", "attention"), ("d", "attention")]
+            for i in range(40)]
+
+    def parse(table):
+        out = {}
+        for line in table.splitlines()[2:]:
+            _, scale, alphas, above, width, _ = line.split("|")
+            out[scale.strip(), alphas.strip()] = (int(above.split()[0]), float(width.strip().rstrip("%")))
+        return out
+
+    t = parse(frontier(rows, conv_alphas=(0.02, 0.3), attention_alphas=(0.02, 0.3)))
+    for scale in ("largest conv tensor (committed)", "input batch", "estimate"):
+        strict, loose = t[scale, "0.02 / 0.02"], t[scale, "0.3 / 0.3"]
+        assert strict[0] < loose[0] and strict[1] > loose[1]  # fewer above, at a wider range
+        # each kind's alpha moves only its own runs: half-way on both counts
+        conv_only = t[scale, "0.02 / 0.3"]
+        assert strict[0] < conv_only[0] < loose[0] and loose[1] < conv_only[1] < strict[1]
