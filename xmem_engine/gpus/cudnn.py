@@ -38,7 +38,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Mapping
 
 from xmem_engine.gpus.catalog import GPU
 from xmem_engine.trace import ALLOC, CUDNN_WORKSPACE_OP, FREE, TraceEvent
@@ -74,12 +74,12 @@ class ConvProblem:
 
     def key(self) -> str:
         """A stable text key (the tables' keys)."""
-        def ints(xs: Iterable[int]) -> str:
-            return "x".join(str(int(x)) for x in xs)
-        return "|".join([self.direction, self.dtype, ints(self.input), ints(self.weight), ints(self.stride),
-                         ints(self.padding), ints(self.dilation), "T" if self.transposed else "N",
-                         ints(self.output_padding), str(self.groups), "cl" if self.channels_last else "c",
-                         "det" if self.deterministic else "any", "tf32" if self.allow_tf32 else "ieee"])
+        j = "x".join
+        return (f"{self.direction}|{self.dtype}|{j(map(str, self.input))}|{j(map(str, self.weight))}|"
+                f"{j(map(str, self.stride))}|{j(map(str, self.padding))}|{j(map(str, self.dilation))}|"
+                f"{'T' if self.transposed else 'N'}|{j(map(str, self.output_padding))}|{self.groups}|"
+                f"{'cl' if self.channels_last else 'c'}|{'det' if self.deterministic else 'any'}|"
+                f"{'tf32' if self.allow_tf32 else 'ieee'}")
 
     @classmethod
     def from_key(cls, key: str) -> "ConvProblem":

@@ -26,7 +26,7 @@ _LOOK_BACK = 8  # the op's outputs are among the last events when the op returns
 
 
 def _ints(xs: Any, n: int) -> tuple[int, ...]:
-    xs = tuple(int(x) for x in xs)
+    xs = tuple(map(int, xs))
     return xs * n if len(xs) == 1 and n > 1 else xs
 
 
