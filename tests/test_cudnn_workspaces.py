@@ -193,3 +193,27 @@ def test_the_measuring_script_runs_on_the_cpu_and_its_tables_install(conv_trace,
     tables = json.loads(engine.read_text())["tables"]
     assert [t["compute_capability"] for t in tables] == [[8, 0], [9, 0]]
     assert cudnn.table_for(A100, {cudnn.ENV: str(engine)}).bytes == {keys[0]: 5 * MiB}
+
+
+@pytest.mark.parametrize("command", ["estimate", "sweep"])
+def test_a_bad_setting_is_bad_input_before_any_trace(tmp_path, monkeypatch, capsys, command):
+    from xmem_engine.cli import main
+
+    script = tmp_path / "step.py"
+    script.write_text("raise SystemExit('traced: the setting was not checked first')\n")
+    monkeypatch.setenv(cudnn.ENV, str(tmp_path / "missing.json"))
+    argv = [command, str(script)] + (["--out", str(tmp_path / "g.csv"), "--quiet"] if command == "sweep" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "XMEM_CUDNN_WORKSPACES: cannot read cuDNN workspace tables" in err and "bug" not in err
+    assert "traced" not in err
+
+
+def test_a_bad_setting_is_a_usage_error_in_the_notebook(ip, tmp_path, monkeypatch):
+    from IPython.core.error import UsageError
+
+    monkeypatch.setenv(cudnn.ENV, str(tmp_path / "missing.json"))
+    ip.user_ns.pop("touched", None)
+    with pytest.raises(UsageError, match="XMEM_CUDNN_WORKSPACES: cannot read"):
+        ip.run_cell_magic("xmem", "", "touched = 1\n")
+    assert "touched" not in ip.user_ns

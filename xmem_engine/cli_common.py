@@ -181,6 +181,7 @@ def _script_inputs(args) -> tuple:
 
     from xmem_engine.estimate import DEFAULT_GPU, resolve_gpu
     from xmem_engine.gpus import GPUCatalogError, UnknownGPUError
+    from xmem_engine.gpus.cudnn import WorkspaceTableError, check_setting
     from xmem_engine.overrides import OverrideError, parse_overrides
 
     _check_script(args.script)
@@ -189,7 +190,8 @@ def _script_inputs(args) -> tuple:
     try:
         gpu = resolve_gpu(args.gpu or os.environ.get("XMEM_GPU") or DEFAULT_GPU)
         overrides = parse_overrides(args.overrides)
-    except (UnknownGPUError, GPUCatalogError, OverrideError) as e:
+        check_setting()
+    except (UnknownGPUError, GPUCatalogError, OverrideError, WorkspaceTableError) as e:
         raise InputError(str(e)) from None
     if args.iterations is not None and args.iterations < 1:
         raise InputError(f"--iterations must be at least 1, not {args.iterations}")

@@ -83,6 +83,12 @@ def _cmd_sweep(args) -> int:
             worlds = [int(w) for w in args.world_sizes.split(",")]
         except ValueError:
             raise InputError(f"--world-size {args.world_sizes}: give whole numbers, e.g. --world-size 1,2,8") from None
+    from xmem_engine.gpus.cudnn import WorkspaceTableError, check_setting
+
+    try:
+        check_setting()  # before any trace: a bad XMEM_CUDNN_WORKSPACES would fail every point
+    except WorkspaceTableError as e:
+        raise InputError(str(e)) from None
     try:
         settings = parse_set(args.overrides)
         rows = sweep(args.scripts, gpus, settings, args.alloc_confs, max_batch=args.max_batch, mode=args.mode,

@@ -162,6 +162,12 @@ class XmemMagics(Magics):
             require_native(parse_alloc_conf(session.alloc_conf))
         except Exception as e:  # the allocator's own error text says what is wrong
             raise UsageError(f"--alloc-conf: {e}") from None
+        from xmem_engine.gpus.cudnn import WorkspaceTableError, check_setting
+
+        try:
+            check_setting()
+        except WorkspaceTableError as e:
+            raise UsageError(str(e)) from None
         if args.world_size is not None or args.rank is not None:
             from xmem_engine.tracing.distributed import World
 

@@ -53,6 +53,10 @@ NOT_INCLUDED = (
     "reason, yet still ran with the allocator capped at 84-89% of that; most CNN runs showed no such gap")
 
 
+class WorkspaceTableError(ValueError):
+    """``XMEM_CUDNN_WORKSPACES`` names a file that is missing or is not a table of workspaces."""
+
+
 @dataclass(frozen=True)
 class ConvProblem:
     """One cuDNN call as its cache key sees it (``CacheKeyWrapper``: shapes, memory format,
@@ -119,7 +123,7 @@ def _tables_of(path: Path) -> list[WorkspaceTable]:
     try:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"{ENV}: cannot read cuDNN workspace tables from {path}: {e}") from None
+        raise WorkspaceTableError(f"{ENV}: cannot read cuDNN workspace tables from {path}: {e}") from None
     out = []
     for i, t in enumerate(d.get("tables", []) if isinstance(d, dict) else []):
         try:
@@ -130,7 +134,7 @@ def _tables_of(path: Path) -> list[WorkspaceTable]:
             out.append(WorkspaceTable((cc[0], cc[1]), str(t["gpu"]), t.get("cudnn_version"),
                                       str(t.get("torch_version", "")), str(t.get("source", path)), sizes))
         except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise ValueError(f"{path}: table {i} is not a cuDNN workspace table: {e}") from None
+            raise WorkspaceTableError(f"{ENV}: {path}: table {i} is not a cuDNN workspace table: {e}") from None
     return out
 
 
@@ -150,16 +154,22 @@ def load_tables(path: str | Path = WORKSPACES_FILE) -> tuple[WorkspaceTable, ...
 def table_for(gpu: GPU, environ: Mapping[str, str] | None = None) -> WorkspaceTable | None:
     """The table for ``gpu``'s architecture: the user's file (``XMEM_CUDNN_WORKSPACES``) first,
     then the committed one; None when none was measured on it or the setting is ``off``."""
+    tables = check_setting(environ)
+    cc = tuple(gpu.compute_capability)
+    return next((t for t in tables if t.compute_capability == cc), None)
+
+
+def check_setting(environ: Mapping[str, str] | None = None) -> tuple[WorkspaceTable, ...]:
+    """The tables the setting gives (user's first); :class:`WorkspaceTableError` saying what is
+    wrong with it. Commands call it before tracing, so a bad setting costs no trace."""
     env = os.environ if environ is None else environ
     setting = env.get(ENV, "").strip()
     if setting.lower() in ("off", "0", "none"):
-        return None
+        return ()
     if setting and not Path(setting).is_file():
-        raise ValueError(f"{ENV}: cannot read cuDNN workspace tables from {setting}: no such file "
-                         f"(give a JSON file written by benchmarks/cudnn_workspaces.py, or 'off')")
-    tables = (load_tables(setting) if setting else ()) + load_tables()
-    cc = tuple(gpu.compute_capability)
-    return next((t for t in tables if t.compute_capability == cc), None)
+        raise WorkspaceTableError(f"{ENV}: cannot read cuDNN workspace tables from {setting}: no such file "
+                                  f"(give a JSON file written by benchmarks/cudnn_workspaces.py, or 'off')")
+    return (load_tables(setting) if setting else ()) + load_tables()
 
 
 def insert_workspaces(events: list[TraceEvent], calls: list, table: WorkspaceTable) -> tuple[list[TraceEvent], int, int]:
