@@ -60,9 +60,7 @@ def collect(zoo: bool, out: Path) -> dict:
         t0 = time.perf_counter()
         try:
             tr = trace_script(script, mode="fake", overrides=overrides, max_iterations=1)
-        except BaseException as e:  # noqa: BLE001 - a zoo script whose libraries are missing, or that fails
-            if isinstance(e, KeyboardInterrupt):
-                raise
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a zoo script whose libraries are missing, or that fails
             print(f"{name}: skipped ({type(e).__name__}: {str(e)[:120]})", flush=True)
             continue
         keys = [k for _, ks in tr.meta.get("conv_calls", []) for k in ks]
@@ -111,8 +109,7 @@ def measure_one(p: ConvProblem, device: str) -> int:
     before = cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32
     cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32 = False, p.deterministic, p.allow_tf32
     try:
-        del_out = run()  # first call: cuDNN's heuristics and its plan cache (allocates the same workspace)
-        del del_out
+        run()  # first call: cuDNN's heuristics and its plan cache (allocates the same workspace)
         if device == "cpu":
             run()
             return 0

@@ -438,10 +438,11 @@ def frontier(rows: list[dict], conv_alphas=(0.02, 0.05, 0.1), attention_alphas=(
                 above, widths = 0, []
                 for model in {r["model"] for r in runs}:
                     rest = [r for r in runs if r["model"] != model]
+                    high = {k: conformal_bounds([(q["ground_bytes"] - q["xmem_bytes"]) / sc(q) for q in rest
+                                                 if q["kind"] == k], ac if k == "convolution" else aa)[1]
+                            for k in {q["kind"] for q in rest}}
                     for r in (r for r in runs if r["model"] == model):
-                        same = [(q["ground_bytes"] - q["xmem_bytes"]) / sc(q) for q in rest if q["kind"] == r["kind"]]
-                        hi = r["xmem_bytes"] + conformal_bounds(same, ac if r["kind"] == "convolution" else aa)[1] * sc(r)
-                        hi = max(hi, r["xmem_bytes"])
+                        hi = max(r["xmem_bytes"] + high[r["kind"]] * sc(r), r["xmem_bytes"])
                         above += r["ground_bytes"] > hi
                         widths.append(hi / r["xmem_bytes"] - 1)
                 lines.append(f"| {name} | {ac} / {aa} | {above} ({100 * above / len(runs):.1f}%) | "

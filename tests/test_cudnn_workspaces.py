@@ -118,6 +118,10 @@ def test_a_malformed_table_is_a_clear_error(tmp_path):
         cudnn.table_for(A100, {cudnn.ENV: str(bad)})
     with pytest.raises(ValueError, match="XMEM_CUDNN_WORKSPACES: cannot read"):
         cudnn.table_for(A100, {cudnn.ENV: str(tmp_path / "missing.json")})
+    other = tmp_path / "other.json"  # some other JSON file: said, not read as no tables
+    other.write_text(json.dumps({"bytes": {}}))
+    with pytest.raises(ValueError, match="other.json: expected a JSON object with a list of 'tables'"):
+        cudnn.table_for(A100, {cudnn.ENV: str(other)})
 
 
 def _step(workspace: int) -> list[TraceEvent]:

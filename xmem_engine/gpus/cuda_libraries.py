@@ -192,7 +192,7 @@ def adapt_trace(trace: Trace, gpu: GPU, torch_version: str | None = None,
         table = cudnn.table_for(gpu, env) if calls and not trace.meta.get("cudnn_benchmark") else None
         found = 0
         if table is not None:
-            events, found, _ = cudnn.insert_workspaces(events, calls, table)
+            events, found = cudnn.insert_workspaces(events, calls, table)
         notes.append(cudnn.describe(table, found, sum(len(k) for _, k in calls),
                                     bool(trace.meta.get("cudnn_benchmark"))))
     if env.get("CUBLAS_WORKSPACE_CONFIG"):

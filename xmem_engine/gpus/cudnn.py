@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
@@ -103,9 +103,6 @@ class ConvProblem:
         except ValueError:
             raise ValueError(f"not a convolution problem key (a size is not an integer): {key!r}") from None
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class WorkspaceTable:
@@ -124,8 +121,11 @@ def _tables_of(path: Path) -> list[WorkspaceTable]:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise WorkspaceTableError(f"{ENV}: cannot read cuDNN workspace tables from {path}: {e}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("tables"), list):
+        raise WorkspaceTableError(f"{ENV}: {path}: expected a JSON object with a list of 'tables' "
+                                  f"(as benchmarks/cudnn_workspaces.py measure writes)")
     out = []
-    for i, t in enumerate(d.get("tables", []) if isinstance(d, dict) else []):
+    for i, t in enumerate(d["tables"]):
         try:
             cc = tuple(int(v) for v in t["compute_capability"])
             sizes = {str(k): int(v) for k, v in t["bytes"].items()}
@@ -172,15 +172,14 @@ def check_setting(environ: Mapping[str, str] | None = None) -> tuple[WorkspaceTa
     return (load_tables(setting) if setting else ()) + load_tables()
 
 
-def insert_workspaces(events: list[TraceEvent], calls: list, table: WorkspaceTable) -> tuple[list[TraceEvent], int, int]:
+def insert_workspaces(events: list[TraceEvent], calls: list, table: WorkspaceTable) -> tuple[list[TraceEvent], int]:
     """``events`` with each call's measured workspaces allocated and freed right after the op's
     output (``calls``: ``[output alloc id, [problem key, ...]]`` from the tracer). Returns the
-    events, the calls' problems found in the table and all of them."""
+    events and how many of the calls' problems the table has."""
     after: dict[int, list[int]] = {}
-    found = total = 0
+    found = 0
     for out_id, keys in calls:
         for k in keys:
-            total += 1
             size = table.bytes.get(k)
             if size is None:
                 continue
@@ -188,7 +187,7 @@ def insert_workspaces(events: list[TraceEvent], calls: list, table: WorkspaceTab
             if size > 0:
                 after.setdefault(out_id, []).append(size)
     if not after:
-        return events, found, total
+        return events, found
     next_id = max((e.id for e in events), default=0) + 1
     out: list[TraceEvent] = []
     for e in events:
@@ -203,7 +202,7 @@ def insert_workspaces(events: list[TraceEvent], calls: list, table: WorkspaceTab
                             shape=(size,), source=e.source, iteration=e.iteration)
             next_id += 1
             out += [ws, replace(ws, kind=FREE)]
-    return out, found, total
+    return out, found
 
 
 def describe(table: WorkspaceTable | None, found: int, total: int, benchmark: bool) -> str:

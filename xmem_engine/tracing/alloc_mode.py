@@ -258,7 +258,7 @@ class AllocMode(TorchDispatchMode):
             elif steps:
                 tr.transients(func, steps)
         if func in convolutions.OPS and (gpu if gpu is not None else self._on_gpu(args, kwargs)):
-            convolutions.record(tr, func, args, kwargs)  # cuDNN's problems: workspaces by target GPU
+            convolutions.record(tr, func, args, kwargs, out)  # cuDNN's problems: workspaces by target GPU
         if in_backward:
             self.backward_writes.made(tensors_in(out))
         if tr.op_hooks:

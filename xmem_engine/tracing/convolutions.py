@@ -16,13 +16,11 @@ from typing import Any
 import torch
 
 from xmem_engine.gpus.cudnn import ConvProblem
-from xmem_engine.trace import ALLOC
-from xmem_engine.tracing.frames import op_name
+from xmem_engine.tracing.tracer import tensors_in
 
 FORWARD = torch.ops.aten.convolution.default
 BACKWARD = torch.ops.aten.convolution_backward.default
 OPS = frozenset({FORWARD, BACKWARD})
-_LOOK_BACK = 8  # the op's outputs are among the last events when the op returns
 
 
 def _ints(xs: Any, n: int) -> tuple[int, ...]:
@@ -55,13 +53,14 @@ def problems(func: Any, args: tuple, kwargs: dict) -> list[ConvProblem]:
     return [ConvProblem(direction=d, **common) for d in directions]
 
 
-def record(tracer: Any, func: Any, args: tuple, kwargs: dict) -> None:
+def record(tracer: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
     """After a GPU convolution op returned: note its problems after its last output's alloc."""
-    name = op_name(func)
-    events = tracer.events
-    out_id = next((e.id for e in reversed(events[-_LOOK_BACK:]) if e.kind == ALLOC and e.op == name), None)
-    if out_id is None:  # no output allocated (empty tensors): nothing runs on cuDNN either
+    live = tracer.live
+    ids = [rec.event.id for t in tensors_in(out)
+           if (rec := live.get(t.untyped_storage()._cdata)) is not None and rec.event is not None]
+    if not ids:  # no output allocated (empty tensors): nothing runs on cuDNN either
         return
+    out_id = max(ids)  # ids grow: the last output allocated
     keys = [p.key() for p in problems(func, args, kwargs)]
     if keys:
         tracer.conv_calls.append([out_id, keys])
