@@ -769,3 +769,30 @@ def test_multihead_attention_takes_the_gpu_backend():
         ops = [e.op for e in tr.events if e.kind == "alloc"]
         assert any(op.startswith(("aten._flash_attention_forward", "aten._efficient_attention_forward"))
                    for op in ops), (mode, sorted(set(ops)))
+
+
+# A library that decorates its own functions with torch.compile at import compiles nothing of
+# the user's step: no note until compiled code runs, and then the note names where it was applied.
+COMPILED_AT_IMPORT = """
+import torch
+def kernel(x):
+    return x * 2
+kernel = torch.compile(dynamic=False)(kernel)
+model = torch.nn.Linear(64, 64).cuda()
+model(torch.randn(8, 64, device="cuda")).sum().backward()
+"""
+
+
+def test_torch_compile_unused_at_import_is_not_noted():
+    tr = trace(COMPILED_AT_IMPORT, {}, mode="fake")
+    assert not any(n.startswith("torch.compile") for n in tr.meta.get("notes", []))
+    used = trace(COMPILED_AT_IMPORT + "kernel(torch.ones(4))\n", {}, mode="fake")
+    notes = [n for n in used.meta.get("notes", []) if n.startswith("torch.compile")]
+    assert len(notes) == 1 and "<cell>:5 ran eagerly" in notes[0]
+
+
+def test_module_compile_is_noted_at_the_users_line():
+    tr = trace("import torch\nm = torch.nn.Linear(8, 8).cuda()\nm.compile()\nm(torch.ones(2, 8, device='cuda'))\n",
+               {}, mode="fake")
+    notes = [n for n in tr.meta.get("notes", []) if n.startswith("torch.compile")]
+    assert len(notes) == 1 and "<cell>:3 ran eagerly" in notes[0]

@@ -161,23 +161,47 @@ def in_process_iterator(loader: Any) -> Any:
         loader.num_workers = workers
 
 
-#: what the estimate says when the code called torch.compile (once, at its first call)
+#: what the estimate says when compiled code ran (once, at the first compiled call)
 COMPILE_NOTE = ("torch.compile at {where} ran eagerly: the estimate is the eager step's. A compiled "
                 "step (Inductor) fuses ops, which often holds less activation memory, and compiles and "
                 "autotunes inside its first call")
 
 
 def eager_compile(notes: list[str]) -> Callable:
-    """``torch.compile`` under the tracer: the model (or function) itself, run eagerly; the
-    first call adds :data:`COMPILE_NOTE` to ``notes``."""
-    from xmem_engine.tracing.frames import user_frame
+    """``torch.compile`` under the tracer: the model (or function) itself, run eagerly.
+
+    :data:`COMPILE_NOTE` is added once, naming where ``torch.compile`` was applied (the user's
+    line, or a trainer's), when compiled code first runs: a library that decorates its own
+    functions with ``torch.compile`` at import (bitsandbytes does, for CPU kernels a GPU never
+    runs) has compiled nothing of the user's step. A module given to ``torch.compile`` is
+    returned as it is and noted at once (the user applied it to the model they train)."""
+    import functools
+
+    from xmem_engine.tracing.frames import library_frame
+
+    def note(where: str) -> None:
+        if not any(n.startswith("torch.compile at ") for n in notes):
+            notes.append(COMPILE_NOTE.format(where=where or "(library code)"))
+
+    def eager(fn: Any, where: str) -> Any:
+        if isinstance(fn, torch.nn.Module):
+            note(where)
+            return fn
+        if not callable(fn):
+            return fn  # torch.compile itself says what is wrong when compiling for real
+
+        @functools.wraps(fn)
+        def compiled(*args: Any, **kwargs: Any) -> Any:
+            note(where)
+            return fn(*args, **kwargs)
+
+        return compiled
 
     def compile(model: Any = None, **kwargs: Any) -> Any:
-        if not any(n.startswith("torch.compile at ") for n in notes):
-            notes.append(COMPILE_NOTE.format(where=user_frame() or "(library code)"))
+        where = library_frame()
         if model is None:
-            return lambda m: m
-        return model
+            return lambda m: eager(m, where)
+        return eager(model, where)
 
     return compile
 
