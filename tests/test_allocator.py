@@ -255,6 +255,18 @@ def test_expandable_oom_when_pages_do_not_fit():
     assert a.memory_reserved() == 100 * MiB
 
 
+@pytest.mark.parametrize("capacity", [None, 200 * MiB])
+def test_expandable_request_beyond_a_whole_segment_is_out_of_memory(capacity):
+    # A segment's address space is 1 1/8 of the device: a larger request cannot be mapped
+    # anywhere (issue #36: this was an AssertionError, "xmem failed" instead of "does not fit").
+    a = make("expandable_segments:True", capacity=capacity, device_total=100 * MiB)
+    with pytest.raises(OutOfMemoryError):
+        a.malloc(130 * MiB)
+    assert a.memory_reserved() == 0
+    a.malloc(110 * MiB)  # within one segment's address space: maps as before
+    assert a.memory_reserved() == 120 * MiB
+
+
 def test_streams_have_separate_pools():
     a = make()
     b1 = a.malloc(5 * MiB, stream=1)

@@ -1131,6 +1131,8 @@ class CachingAllocator:
 
     def try_allocate_expandable_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         c = self._find_expandable_block(pool, size, stream)
+        if c.next is None and c.size < size:
+            return None  # more than a new segment's whole address space (1 1/8 of the device)
         if not c.mapped and not self._map_block(c, min(c.size, size)):
             return None
         while c.size < size:
