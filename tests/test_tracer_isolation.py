@@ -255,3 +255,42 @@ def test_models_reached_any_way_are_left_unchanged(mode):
             assert p.device.type == "cpu" and torch.equal(p.detach(), b), i
             assert p.grad is None, i
         assert not opts[id(n)].state, i
+
+
+# Process-wide state a cell changes for its own run (issue #36 item 5): put back after the trace.
+CHANGES_PROCESS_STATE = """
+import os, torch
+os.chdir(elsewhere)
+os.environ["XMEM_TEST_SET_BY_CELL"] = "1"
+os.environ.pop("XMEM_TEST_KEPT", None)
+os.environ["XMEM_TEST_CHANGED"] = "new"
+torch.set_float32_matmul_precision("high")
+gen.manual_seed(7); torch.rand(3, generator=gen)
+rng.random(5); legacy.rand(5); pyrng.random()
+torch.randn(4, 4, device="cuda").sum()
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cwd_environment_generators_and_matmul_precision_are_restored(mode, tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("XMEM_TEST_KEPT", "kept")
+    monkeypatch.setenv("XMEM_TEST_CHANGED", "old")
+    monkeypatch.delenv("XMEM_TEST_SET_BY_CELL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    before_precision = torch.get_float32_matmul_precision()
+    ns = {"elsewhere": str(tmp_path / "elsewhere"), "gen": torch.Generator().manual_seed(3),
+          "rng": np.random.default_rng(5), "legacy": np.random.RandomState(6), "pyrng": random.Random(8)}
+    states = (ns["gen"].get_state(), ns["rng"].bit_generator.state, ns["legacy"].get_state()[1].copy(),
+              ns["pyrng"].getstate())
+    trace(CHANGES_PROCESS_STATE, ns, mode=mode)
+    assert os.getcwd() == str(tmp_path)
+    assert os.environ["XMEM_TEST_KEPT"] == "kept" and os.environ["XMEM_TEST_CHANGED"] == "old"
+    assert "XMEM_TEST_SET_BY_CELL" not in os.environ
+    assert torch.get_float32_matmul_precision() == before_precision  # raised before: mixed TF32 APIs
+    assert torch.equal(ns["gen"].get_state(), states[0])
+    assert ns["rng"].bit_generator.state == states[1]
+    assert (ns["legacy"].get_state()[1] == states[2]).all()
+    assert ns["pyrng"].getstate() == states[3]

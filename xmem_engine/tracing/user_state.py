@@ -4,12 +4,16 @@ Traced code may move a model the user built earlier (``model.cuda()`` rebinds pa
 data, under fake tensors it even swaps in fake ones), step an optimizer, toggle
 ``requires_grad`` or reseed the RNG. :class:`UserState` records what such code could change
 on the modules, optimizers and tensors reachable from the user's namespace (and, for a
-callable, from its globals and closure) and puts all of it back afterwards.
+callable, from its globals and closure) and puts all of it back afterwards; so too the
+process-wide things a cell or script may change for its own run: the working directory,
+``os.environ``, the global RNGs and the user's own generator objects (``torch.Generator``,
+numpy's ``Generator`` / ``RandomState``, ``random.Random``), and common torch settings.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import random
 import types
 from dataclasses import dataclass, field
@@ -69,12 +73,22 @@ class UserState:
     arrays: list[tuple[int, int, Any]] = field(default_factory=list)
     array_originals: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     watching: bool = False  # anything to copy on write (read by the dispatch mode on every op)
+    # The user's own generator objects with their states (``_generator_state``).
+    generators: list[tuple[Any, Any]] = field(default_factory=list)
+    cwd: str | None = None
+    environ: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def capture(cls, roots: Iterable[Any]) -> "UserState":
         """Snapshot everything reachable from ``roots`` (values are copied lazily, on first write)."""
         st = cls()
-        modules, optimizers, tensors, containers, arrays = _find(roots)
+        modules, optimizers, tensors, containers, arrays, generators = _find(roots)
+        st.generators = [(g, _generator_state(g)) for g in generators]
+        st.environ = dict(os.environ)
+        try:
+            st.cwd = os.getcwd()
+        except OSError:  # the folder was removed under us: nothing to go back to
+            st.cwd = None
         st.containers = [(c, c.copy()) for c in containers]
         for a in arrays:
             if a.flags.writeable and a.nbytes:
@@ -169,7 +183,16 @@ class UserState:
                 np.copyto(arr, saved)
             self.array_originals.clear()
         _set_rng_state(self.rng)
+        for g, state in self.generators:
+            _set_generator_state(g, state)
         _restore_settings(self.settings)
+        _restore_environ(self.environ)
+        if self.cwd is not None:
+            try:
+                if os.getcwd() != self.cwd:
+                    os.chdir(self.cwd)
+            except OSError:
+                os.chdir(self.cwd)
 
     def before_write(self, t: torch.Tensor) -> None:
         """``t`` is about to be written in place: keep a copy if it is (a view of) the user's data."""
@@ -190,6 +213,10 @@ class UserState:
 _SDP = ("flash", "mem_efficient", "math", "cudnn")
 _PRINT = ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")
 _SETTINGS = (
+    # First, through its public setter: it sets the TF32 flags below consistently. Writing the
+    # legacy ``allow_tf32`` flag over a precision set with the new API leaves torch in a mixed
+    # state where ``get_float32_matmul_precision()`` raises (issue #36).
+    ("matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
     ("cudnn.benchmark", lambda: torch.backends.cudnn.benchmark,
      lambda v: setattr(torch.backends.cudnn, "benchmark", v)),
     ("cudnn.deterministic", lambda: torch.backends.cudnn.deterministic,
@@ -210,7 +237,6 @@ _SETTINGS = (
     ("print_options", lambda: tuple(getattr(torch._tensor_str.PRINT_OPTS, k) for k in _PRINT),
      lambda v: torch.set_printoptions(**dict(zip(_PRINT, v)))),
     ("default_dtype", torch.get_default_dtype, torch.set_default_dtype),
-    ("matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
     ("deterministic", torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
     ("grad_enabled", torch.is_grad_enabled, torch.set_grad_enabled),
     ("num_threads", torch.get_num_threads, torch.set_num_threads),
@@ -235,10 +261,15 @@ def _settings() -> dict:
 
 def _restore_settings(saved: dict) -> None:
     for name, get, set_ in _SETTINGS:
-        if name in saved:
+        if name not in saved:
+            continue
+        try:
+            same = get() == saved[name]
+        except (RuntimeError, AttributeError):  # a state the getter refuses (mixed TF32 APIs): set it
+            same = False
+        if not same:
             try:
-                if get() != saved[name]:
-                    set_(saved[name])
+                set_(saved[name])
             except (RuntimeError, AttributeError):  # pragma: no cover
                 pass
 
@@ -257,9 +288,10 @@ def _same_binding(t: torch.Tensor, alias: torch.Tensor) -> bool:
 
 
 def _find(roots: Iterable[Any]) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer], list[torch.Tensor],
-                                         list[list | dict | set], list[Any]]:
-    """Modules, optimizers, tensors, mutable containers and numpy arrays reachable from
-    ``roots`` through containers and attributes."""
+                                         list[list | dict | set], list[Any], list[Any]]:
+    """Modules, optimizers, tensors, mutable containers, numpy arrays and generator objects
+    reachable from ``roots`` through containers and attributes."""
+    generators: dict[int, Any] = {}
     arrays: dict[int, Any] = {}
     containers: dict[int, list | dict | set] = {}
     modules: dict[int, torch.nn.Module] = {}
@@ -280,12 +312,14 @@ def _find(roots: Iterable[Any]) -> tuple[list[torch.nn.Module], list[torch.optim
             tensors[id(obj)] = obj
         elif type(obj).__name__ == "ndarray" and type(obj).__module__ == "numpy":
             arrays[id(obj)] = obj
+        elif _is_generator(obj):
+            generators[id(obj)] = obj
         elif depth < _MAX_DEPTH:
             if type(obj) in (list, dict, set) or isinstance(obj, (list, dict, set)) and type(obj).__module__ == "collections":
                 containers[id(obj)] = obj
             stack.extend((v, depth + 1) for v in _reachable(obj))
     return (list(modules.values()), list(optimizers.values()), list(tensors.values()), list(containers.values()),
-            list(arrays.values()))
+            list(arrays.values()), list(generators.values()))
 
 
 def _reachable(obj: Any) -> list[Any]:
@@ -348,3 +382,40 @@ def _set_rng_state(state: tuple) -> None:
         import numpy as np
 
         np.random.set_state(np_state)
+
+
+def _is_generator(obj: Any) -> bool:
+    if isinstance(obj, (torch.Generator, random.Random)):
+        return True
+    cls = type(obj)
+    return cls.__module__.startswith("numpy.random") and cls.__name__ in ("Generator", "RandomState")
+
+
+def _generator_state(g: Any) -> Any:
+    if isinstance(g, torch.Generator):
+        return g.get_state()
+    if isinstance(g, random.Random):
+        return g.getstate()
+    if type(g).__name__ == "RandomState":
+        return g.get_state()
+    return g.bit_generator.state  # numpy's Generator
+
+
+def _set_generator_state(g: Any, state: Any) -> None:
+    if isinstance(g, torch.Generator):
+        g.set_state(state)
+    elif isinstance(g, random.Random):
+        g.setstate(state)
+    elif type(g).__name__ == "RandomState":
+        g.set_state(state)
+    else:
+        g.bit_generator.state = state
+
+
+def _restore_environ(saved: dict[str, str]) -> None:
+    """``os.environ`` as it was, through ``os.environ`` itself (so the C environment follows)."""
+    for k in [k for k in os.environ if k not in saved]:
+        del os.environ[k]
+    for k, v in saved.items():
+        if os.environ.get(k) != v:
+            os.environ[k] = v
