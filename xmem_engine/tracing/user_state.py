@@ -13,6 +13,7 @@ numpy's ``Generator`` / ``RandomState``, ``random.Random``), and common torch se
 from __future__ import annotations
 
 import functools
+import io
 import os
 import random
 import types
@@ -304,6 +305,8 @@ def _find(roots: Iterable[Any]) -> tuple[list[torch.nn.Module], list[torch.optim
         if id(obj) in seen:
             continue
         seen.add(id(obj))
+        if _is_environment(obj):
+            continue
         if isinstance(obj, torch.nn.Module):
             modules[id(obj)] = obj
         elif isinstance(obj, torch.optim.Optimizer):
@@ -320,6 +323,26 @@ def _find(roots: Iterable[Any]) -> tuple[list[torch.nn.Module], list[torch.optim
             stack.extend((v, depth + 1) for v in _reachable(obj))
     return (list(modules.values()), list(optimizers.values()), list(tensors.values()), list(containers.values()),
             list(arrays.values()), list(generators.values()))
+
+
+# Packages whose objects are the notebook's machinery, never the user's: the namespace holds
+# ``get_ipython``, ``exit`` and ``quit``, which reach the shell, its output streams and its
+# history. Restoring their lists and dicts dropped what a cell printed (issue #35: ``print``
+# in a ``%%xmem`` cell was lost in 4 of 6 runs) and rewound the history database's counters.
+_ENVIRONMENT_PACKAGES = frozenset({
+    "IPython", "ipykernel", "traitlets", "zmq", "jupyter_client", "jupyter_core", "tornado", "comm",
+    "ipywidgets", "prompt_toolkit", "asyncio", "xmem_jupyter",
+})
+
+
+def _is_environment(obj: Any) -> bool:
+    """An object of the interactive shell (or an I/O stream): not searched, never restored."""
+    if isinstance(obj, io.IOBase):
+        return True
+    if isinstance(obj, types.MethodType):
+        obj = obj.__self__
+    mod = type(obj).__module__ or ""
+    return mod.partition(".")[0] in _ENVIRONMENT_PACKAGES
 
 
 def _reachable(obj: Any) -> list[Any]:
