@@ -112,3 +112,20 @@ def test_gpus_lists_the_catalog_and_rejects_a_bad_file(tmp_path, capsys):
     bad.write_text('[gpus."X"]\nname = "X"\ntotal_memory_bytes = "lots"\n')
     code, _, err = run(capsys, "gpus", "--file", str(bad))
     assert code == 2 and "total_memory_bytes" in err
+
+
+def test_a_script_that_changes_folder_does_not_move_the_output_files(tmp_path, capsys, monkeypatch):
+    # issue #36 item 2: the script's os.chdir made --events name the script itself
+    scripts, here = tmp_path / "s", tmp_path / "run"
+    scripts.mkdir(), here.mkdir()
+    script = scripts / "selfchdir.py"
+    text = ("import os, torch\nos.chdir(os.path.dirname(os.path.abspath(__file__)))\n"
+            "x = torch.ones(1000, device='cuda')\n")
+    script.write_text(text)
+    monkeypatch.chdir(here)
+    code, *_ = run(capsys, "trace", "../s/selfchdir.py", "--events", "selfchdir.py")
+    assert code == 0 and script.read_text() == text
+    assert Trace.read_jsonl(str(here / "selfchdir.py")).events
+    code, *_ = run(capsys, "estimate", "../s/selfchdir.py", "--events", "events.jsonl", "--snapshot", "snap.pickle")
+    assert code == 0 and (here / "events.jsonl").exists() and (here / "snap.pickle").exists()
+    assert sorted(p.name for p in scripts.iterdir()) == ["selfchdir.py"]
