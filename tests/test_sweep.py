@@ -322,3 +322,14 @@ def test_world_sizes_are_a_dimension_of_the_grid(tmp_path):
                   progress=lambda done, total: pytest.fail("a point ran again"))
     assert [r.result() for r in again] == [r.result() for r in rows]
     assert main(["sweep", str(script), "--world-size", "2,x", "--out", str(tmp_path / "r.csv")]) == 2
+
+
+def test_a_worker_that_dies_fails_its_own_point_only(tmp_path):
+    # issue #36 item 3: one point killing its process failed every row of the sweep
+    script = tmp_path / "dies.py"
+    script.write_text(TINY.replace('raise ValueError("batch 3 is not supported")',
+                                   "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
+    rows = sweep(str(script), ["T4"], {"batch": ["2", "3", "4"]}, engine="local", workers=2)
+    status = {r.settings["batch"]: (r.status, r.error) for r in rows}
+    assert status["3"][0] == "failed" and "worker process died" in status["3"][1]
+    assert all(status[b] == ("ok", "") for b in ("2", "4")), status

@@ -310,39 +310,70 @@ def _worker_init() -> None:
 
 def _run_local(units: list[Unit], workers: int | None, emit: Emit) -> None:
     """A pool of worker processes (spawned: torch's threads do not survive a fork), one unit
-    at a time each. A worker that dies (the out-of-memory killer) breaks the pool: its units
-    run again in a new one, and a unit that breaks it twice is reported failed."""
+    at a time each. A worker that dies (the out-of-memory killer, a crash) breaks the whole
+    pool, and every unit still in it sees the break: those units run again each in a pool of
+    its own (:func:`_run_isolated`), so only the unit that kills its worker is reported failed."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     n = max(1, min(workers or os.cpu_count() or 1, len(units)))
     threads = 1 if n > 1 else None
-    pending, broken = list(units), set()
-    while pending:
-        pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
-        retry: list[Unit] = []
-        try:
-            futures = {pool.submit(run_unit, replace(u, threads=threads)): i for i, u in enumerate(pending)}
-            for fut in as_completed(futures):
-                unit = pending[futures[fut]]
+    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
+    retry: list[Unit] = []
+    try:
+        futures = {pool.submit(run_unit, replace(u, threads=threads)): u for u in units}
+        for fut in as_completed(futures):
+            try:
+                rows = fut.result()
+            except BrokenProcessPool:
+                retry.append(futures[fut])
+                continue
+            emit(rows)
+    except BaseException:
+        _terminate(pool)
+        raise
+    pool.shutdown(wait=True)
+    if retry:
+        order = {id(u): i for i, u in enumerate(units)}
+        _run_isolated(sorted(retry, key=lambda u: order[id(u)]), n, threads, emit)
+
+
+def _run_isolated(units: list[Unit], n: int, threads: int | None, emit: Emit) -> None:
+    """Each unit in a one-worker pool of its own, ``n`` at a time: a worker that dies fails
+    its own unit's points only."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    ctx = multiprocessing.get_context("spawn")
+    queue, running = list(units), {}
+    try:
+        while queue or running:
+            while queue and len(running) < n:
+                unit = queue.pop(0)
+                pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_worker_init)
+                running[pool.submit(run_unit, replace(unit, threads=threads))] = (unit, pool)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                unit, pool = running.pop(fut)
                 try:
                     rows = fut.result()
                 except BrokenProcessPool:
-                    if id(unit) in broken:
-                        emit(failed_rows(unit, "the worker process died while tracing (out of host memory?)"))
-                    else:
-                        broken.add(id(unit))
-                        retry.append(unit)
-                    continue
+                    rows = failed_rows(unit, "the worker process died while tracing this point "
+                                             "(out of host memory, or the script killed its process)")
+                pool.shutdown(wait=True)
                 emit(rows)
-        except BaseException:
-            for proc in list((getattr(pool, "_processes", None) or {}).values()):
-                proc.terminate()
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown(wait=True)
-        pending = retry
+    except BaseException:
+        for _, pool in running.values():
+            _terminate(pool)
+        raise
+
+
+def _terminate(pool: Any) -> None:
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _run_ray(units: list[Unit], address: str | None, emit: Emit) -> None:
