@@ -333,3 +333,39 @@ def test_a_worker_that_dies_fails_its_own_point_only(tmp_path):
     status = {r.settings["batch"]: (r.status, r.error) for r in rows}
     assert status["3"][0] == "failed" and "worker process died" in status["3"][1]
     assert all(status[b] == ("ok", "") for b in ("2", "4")), status
+
+
+@pytest.mark.parametrize("ext", [".csv", ".jsonl"])
+def test_resume_does_not_trust_a_row_cut_short_or_altered(serial_rows, tmp_path, ext):
+    # issue #36 item 4: a row cut inside peak_device_bytes was read back as a peak of 767 bytes
+    from xmem_engine.sweep_output import Output
+
+    path = tmp_path / ("rows" + ext)
+    ok = [r for r in serial_rows if r.status == "ok" and r.peak_device_bytes][:3]
+    out = Output(str(path), Row, ["batch"])
+    out.append(ok)
+    text = path.read_text()
+    peak = str(ok[1].peak_device_bytes)
+    altered = text.replace(peak, peak[:-1] + str((int(peak[-1]) + 1) % 10), 1)  # one digit off
+    assert altered != text
+    cut = text[:text.rindex(str(ok[2].peak_device_bytes)) + 3]  # the last row ends inside its peak
+    for broken, good in ((altered, [ok[0], ok[2]]), (cut, ok[:2])):
+        path.write_text(broken)
+        again = Output(str(path), Row, ["batch"])
+        assert [r.result() for r in again.rows] == [r.result() for r in good] and again.dropped == 1
+        again.append([ok[1] if good[-1] is ok[2] else ok[2]])  # the dropped point, run again
+        assert len(Output(str(path), Row, ["batch"]).rows) == 3 and Output(str(path), Row, ["batch"]).dropped == 0
+
+
+def test_resume_after_an_open_quoted_field(serial_rows, tmp_path):
+    # a write cut inside a quoted CSV field (the notes): the next append must not land inside it
+    from xmem_engine.sweep_output import Output
+
+    path = tmp_path / "rows.csv"
+    ok = [r for r in serial_rows if r.status == "ok"][:2]
+    Output(str(path), Row, ["batch"]).append(ok[:1])
+    path.write_text(path.read_text() + 'point,' + ok[1].script + ',"8,T4,half a note\nstill open')
+    again = Output(str(path), Row, ["batch"])
+    assert len(again.rows) == 1 and again.dropped == 1
+    again.append(ok[1:])
+    assert len(Output(str(path), Row, ["batch"]).rows) == 2

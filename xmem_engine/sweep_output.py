@@ -8,7 +8,11 @@ to and flushed row by row. Parquet cannot be appended to, so the whole file is r
 needs ``pyarrow``.
 
 The row's fields are :class:`xmem_engine.sweep.Row`'s; in CSV and Parquet each ``--set``
-variable is a column ``set:VAR`` and the notes one text, a note a line.
+variable is a column ``set:VAR`` and the notes one text, a note a line. Every row carries a
+``checksum`` (CRC-32 of its values as text): a row cut short by a full disk or a killed
+process (a peak of "767" bytes parses as a number) is not trusted on resume. Rows that fail
+the check, or cannot be parsed, are dropped and their points run again; the file is first
+rewritten with the good rows only, so nothing is appended into a half-written line.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from __future__ import annotations
 import csv
 import json
 import os
+import zlib
 from dataclasses import fields
 from typing import Any, Iterable
 
 FORMATS = {".csv": "csv", ".json": "jsonl", ".jsonl": "jsonl", ".parquet": "parquet"}
 SET_PREFIX = "set:"
+CHECKSUM = "checksum"
 PARQUET_HINT = "Parquet output needs pyarrow: pip install pyarrow (or write .csv / .jsonl)"
 
 
@@ -53,7 +59,16 @@ def columns(row_type: type, variables: Iterable[str]) -> list[str]:
             out += [SET_PREFIX + v for v in variables]
         else:
             out.append(f.name)
-    return out
+    return out + [CHECKSUM]
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def checksum(values: Iterable[Any]) -> str:
+    """CRC-32 of the values as the file holds them as text (CSV cells, JSON values alike)."""
+    return format(zlib.crc32("\x1f".join(_text(v) for v in values).encode("utf-8")), "08x")
 
 
 def flatten(row: Any, variables: Iterable[str]) -> dict[str, Any]:
@@ -67,7 +82,15 @@ def flatten(row: Any, variables: Iterable[str]) -> dict[str, Any]:
             flat["notes"] = "\n".join(value)
         else:
             flat[f.name] = value
+    flat[CHECKSUM] = checksum(flat.values())
     return flat
+
+
+def _intact(record: dict[str, Any], keys: list[str]) -> bool:
+    """Whether ``record`` (a flat record or a JSON Lines object) is whole: every key, and the checksum."""
+    if any(k not in record for k in keys) or not isinstance(record.get(CHECKSUM), str):
+        return False
+    return record[CHECKSUM] == checksum(record[k] for k in keys if k != CHECKSUM)
 
 
 def _parse(value: Any, kind: str) -> Any:
@@ -118,6 +141,7 @@ class Output:
         if os.path.isdir(path):
             raise OutputError(f"--out {path}: that is a folder; give a file name")
         self.rows: list[Any] = []  # every row in the file (earlier runs' and this run's)
+        self.dropped = 0  # rows of the file that were cut short or failed their checksum (run again)
         if os.path.exists(path) and not fresh:
             self.rows = self._read()
         elif os.path.exists(path):
@@ -125,60 +149,118 @@ class Output:
 
     # ------------------------------------------------------------------ reading
     def _read(self) -> list[Any]:
+        """The intact rows of the file; if any row is not (a cut line, a failed checksum), the
+        file is rewritten with the intact ones first (their points run again)."""
         try:
-            if self.format == "csv":
-                with open(self.path, newline="", encoding="utf-8") as fh:
-                    reader = csv.DictReader(fh)
-                    if reader.fieldnames and list(reader.fieldnames) != self.columns:
-                        raise OutputError(
-                            f"--out {self.path} holds another sweep's rows (columns {', '.join(reader.fieldnames)}); "
-                            "give another file, or --force to start it over")
-                    return [unflatten(self.row_type, r) for r in reader]
-            if self.format == "jsonl":
-                with open(self.path, encoding="utf-8") as fh:
-                    return [unflatten(self.row_type, json.loads(line)) for line in fh if line.strip()]
-            import pyarrow.parquet as pq
-
-            return [unflatten(self.row_type, r) for r in pq.read_table(self.path).to_pylist()]
+            records, lines = self._records()
         except OutputError:
             raise
-        except (OSError, ValueError, KeyError, TypeError) as e:  # a truncated last line, another file's layout
+        except (OSError, ValueError) as e:
             raise OutputError(f"--out {self.path}: cannot resume from it ({type(e).__name__}: {e}); "
                               "give another file, or --force to start it over") from None
         except Exception as e:  # pyarrow's own errors
             raise OutputError(f"--out {self.path}: cannot read it as Parquet ({e}); "
                               "give another file, or --force to start it over") from None
+        keys = self.columns if self.format != "jsonl" else [f.name for f in fields(self.row_type)] + [CHECKSUM]
+        rows = []
+        for rec in records:
+            if not isinstance(rec, dict) or not _intact(rec, keys):
+                continue
+            try:
+                rows.append(unflatten(self.row_type, rec))
+            except (ValueError, KeyError, TypeError):
+                continue
+        self.dropped = lines - len(rows)
+        if self.dropped:
+            self.rows = rows
+            self._rewrite()
+        return rows
+
+    def _records(self) -> tuple[list[Any], int]:
+        """The file's records (dicts; None for a line that is not one) and how many lines it had."""
+        if self.format == "csv":
+            with open(self.path, newline="", encoding="utf-8") as fh:
+                reader = csv.DictReader(fh)
+                if reader.fieldnames and list(reader.fieldnames) != self.columns:
+                    raise OutputError(
+                        f"--out {self.path} holds another sweep's rows (columns {', '.join(reader.fieldnames)}); "
+                        "give another file, or --force to start it over")
+                try:
+                    records = [r if None not in r else None for r in reader]  # None: more cells than columns
+                except csv.Error:  # an open quoted field at the end of the file
+                    records = []
+                    fh.seek(0)
+                    records = self._csv_until_broken(fh)
+            return records, len(records)
+        if self.format == "jsonl":
+            records = []
+            with open(self.path, encoding="utf-8") as fh:
+                for line in fh:
+                    if line.strip():
+                        try:
+                            records.append(json.loads(line))
+                        except ValueError:
+                            records.append(None)
+            return records, len(records)
+        import pyarrow.parquet as pq
+
+        records = pq.read_table(self.path).to_pylist()
+        return records, len(records)
+
+    def _csv_until_broken(self, fh: Any) -> list[Any]:
+        out: list[Any] = []
+        reader = csv.DictReader(fh)
+        while True:
+            try:
+                r = next(reader)
+            except StopIteration:
+                return out
+            except csv.Error:
+                return out + [None]
+            out.append(r if None not in r else None)
 
     # ------------------------------------------------------------------ writing
     def append(self, rows: list[Any]) -> None:
-        """Add finished rows to the file, on disk before this returns."""
+        """Add finished rows to the file, on disk (flushed and synced) before this returns."""
         if not rows:
             return
         self.rows += rows
         if self.format == "parquet":
-            self._rewrite_parquet()
+            self._rewrite()
             return
         new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
         with open(self.path, "a", newline="", encoding="utf-8") as fh:
-            if self.format == "csv":
-                writer = csv.DictWriter(fh, fieldnames=self.columns)
-                if new:
-                    writer.writeheader()
-                writer.writerows(flatten(r, self.variables) for r in rows)
-            else:
-                for r in rows:
-                    fh.write(json.dumps(_jsonable(r)) + "\n")
+            self._write(fh, rows, header=new)
             fh.flush()
+            os.fsync(fh.fileno())
 
-    def _rewrite_parquet(self) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    def _write(self, fh: Any, rows: list[Any], header: bool) -> None:
+        if self.format == "csv":
+            writer = csv.DictWriter(fh, fieldnames=self.columns)
+            if header:
+                writer.writeheader()
+            writer.writerows(flatten(r, self.variables) for r in rows)
+        else:
+            for r in rows:
+                fh.write(json.dumps(_jsonable(r)) + "\n")
 
-        table = pa.Table.from_pylist([flatten(r, self.variables) for r in self.rows])
+    def _rewrite(self) -> None:
+        """The whole file from ``self.rows``: to a temporary file, then renamed (never half written)."""
         tmp = self.path + ".partial"
-        pq.write_table(table, tmp)
+        if self.format == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist([flatten(r, self.variables) for r in self.rows]), tmp)
+        else:
+            with open(tmp, "w", newline="", encoding="utf-8") as fh:
+                self._write(fh, self.rows, header=True)
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, self.path)
 
 
 def _jsonable(row: Any) -> dict[str, Any]:
-    return {f.name: getattr(row, f.name) for f in fields(row)}
+    obj = {f.name: getattr(row, f.name) for f in fields(row)}
+    obj[CHECKSUM] = checksum(obj.values())
+    return obj
