@@ -1,7 +1,10 @@
 import json
+import os
 import pickle
 import subprocess
 import sys
+
+import pytest
 
 
 from conftest import needs_shared_traces, TRACES
@@ -129,3 +132,31 @@ def test_a_script_that_changes_folder_does_not_move_the_output_files(tmp_path, c
     code, *_ = run(capsys, "estimate", "../s/selfchdir.py", "--events", "events.jsonl", "--snapshot", "snap.pickle")
     assert code == 0 and (here / "events.jsonl").exists() and (here / "snap.pickle").exists()
     assert sorted(p.name for p in scripts.iterdir()) == ["selfchdir.py"]
+
+
+def test_json_failures_are_one_json_object(tmp_path, capsys):
+    # issue #36 item 6: usage errors and a full disk under --json printed no JSON (or lost the estimate)
+    script = tmp_path / "tiny.py"
+    script.write_text("import torch\nx = torch.ones(1000, device='cuda')\n")
+    with pytest.raises(SystemExit) as e:
+        main(["estimate", str(script), "--bogus", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert e.value.code == 2 and out["exit_code"] == 2 and "--bogus" in out["message"]
+    if os.path.exists("/dev/full"):
+        code, out, err = run(capsys, "estimate", str(script), "--events", "/dev/full", "--force", "--json")
+        res = json.loads(out)
+        assert code == 1 and res["error"] == "output_failed" and "--events /dev/full" in res["message"]
+        assert res["estimate"]["fits"] is True and res["estimate"]["peak_device_bytes"] > 0
+
+
+def test_ctrl_c_is_one_json_object(tmp_path, capsys, monkeypatch):
+    import xmem_engine.estimate as estimate_mod
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(estimate_mod, "estimate_script", interrupted)
+    script = tmp_path / "tiny.py"
+    script.write_text("x = 1\n")
+    code, out, err = run(capsys, "estimate", str(script), "--json")
+    assert code == 1 and json.loads(out)["error"] == "interrupted" and "interrupted" in err

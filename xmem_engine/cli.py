@@ -24,6 +24,8 @@ from xmem_engine.cli_common import (  # noqa: F401  (REPORT_HINT and the errors:
     InputError,
     ScriptFailed,
     HostMemoryShort,
+    Interrupted,
+    OutputFailed,
     XmemFailed,
     _check_output,
     _running_script,
@@ -38,8 +40,19 @@ from xmem_engine.cli_common import (  # noqa: F401  (REPORT_HINT and the errors:
 )
 from xmem_engine.trace import MODES
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, keeping its last error's message: with ``--json`` a usage error is one JSON
+    object on stdout too, as every other failure is."""
+
+    last_error = ""
+
+    def error(self, message: str):  # type: ignore[override]
+        _Parser.last_error = f"{self.prog}: error: {message}"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xmem", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="xmem", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for add in _SUBCOMMANDS:
         add(sub)
@@ -51,15 +64,29 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare "--" is the script's own command line (xmem estimate train.py -- 50 10).
     script_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    if script_args and not hasattr(args, "script_args"):
-        parser.error(f"xmem {args.command} takes no script arguments after --")
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    try:
+        args = parser.parse_args(own)
+        if script_args and not hasattr(args, "script_args"):
+            parser.error(f"xmem {args.command} takes no script arguments after --")
+    except SystemExit as e:
+        if e.code == EXIT_USAGE and "--json" in own:
+            _print_json(InputError(_Parser.last_error).json())
+        raise
     if hasattr(args, "script_args"):
         args.script_args = script_args
     try:
-        _check_environment()
-        return args.func(args)
+        try:
+            _check_environment()
+            return args.func(args)
+        except KeyboardInterrupt:
+            raise Interrupted(f"xmem {args.command}: interrupted (Ctrl-C); nothing was written after it") from None
+        except MemoryError:
+            raise HostMemoryShort(f"xmem {args.command}: this machine ran out of host memory; "
+                                  "nothing was changed. Free memory, or estimate in fake mode (--mode fake)") from None
     except CLIError as e:
+        if isinstance(e, (Interrupted, HostMemoryShort, OutputFailed)):
+            print(f"xmem {args.command}: {e}" if not str(e).startswith("xmem ") else str(e), file=sys.stderr)
         if isinstance(e, InputError):
             print(f"xmem {args.command}: error: {e}", file=sys.stderr)
         if getattr(args, "json", False):  # stdout still carries one JSON object
@@ -426,13 +453,20 @@ def _cmd_estimate(args) -> int:
         from xmem_engine.estimate import minimum_memory
 
         est.min_device_bytes = minimum_memory(est)
-    if args.events and est.trace is not None:
-        est.trace.write_jsonl(args.events)
-    if args.snapshot:
-        from xmem_engine.estimate import simulated_snapshot
-        from xmem_engine.simulation.snapshot import dump_snapshot
+    writing = f"--events {args.events}"
+    try:
+        if args.events and est.trace is not None:
+            est.trace.write_jsonl(args.events)
+        writing = f"--snapshot {args.snapshot}"
+        if args.snapshot:
+            from xmem_engine.estimate import simulated_snapshot
+            from xmem_engine.simulation.snapshot import dump_snapshot
 
-        dump_snapshot(simulated_snapshot(est), args.snapshot)
+            dump_snapshot(simulated_snapshot(est), args.snapshot)
+    except OSError as e:
+        raise OutputFailed(f"cannot write {writing}: {e.strerror or e}; the estimate was "
+                           f"made: {est.summary().splitlines()[0] if est else ''}",
+                           est.to_json() if est is not None else None) from None
     if search is not None:
         out = {"variable": args.max_batch, "max_value": search.value if not search.unbounded else None,
                "at_least": search.value, "unbounded": search.unbounded or None, "search_limit": search.limit,

@@ -51,6 +51,28 @@ class HostMemoryShort(CLIError):
     kind = "host_memory"
 
 
+class OutputFailed(CLIError):
+    """The estimate was made but an output file could not be written (a full disk): exit
+    code 1, and with ``--json`` the estimate itself is in the JSON object, not lost."""
+
+    code = EXIT_USER_CODE
+    kind = "output_failed"
+
+    def __init__(self, message: str, result: dict | None = None):
+        super().__init__(message)
+        self.result = result
+
+    def json(self) -> dict:
+        return {**super().json(), "estimate": self.result}
+
+
+class Interrupted(CLIError):
+    """Ctrl-C (SIGINT) stopped the command: exit code 1, one JSON object with ``--json``."""
+
+    code = EXIT_USER_CODE
+    kind = "interrupted"
+
+
 class XmemFailed(CLIError):
     """xmem itself failed (no frame of the user's code is involved): exit code 1."""
 
