@@ -124,6 +124,26 @@ def test_a_malformed_table_is_a_clear_error(tmp_path):
         cudnn.table_for(A100, {cudnn.ENV: str(other)})
 
 
+KEY = "forward|float32|1x3x8x8|4x3x3x3|1x1|1x1|1x1|N|0x0|1|c|any|tf32"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('{"tables": [{"compute_capability": [8, 0], "gpu": "x", "bytes": [1, 2]}]}', "'bytes' maps problem keys"),
+    ('{"tables": [{"compute_capability": [8, 0], "gpu": "x", "bytes": {"%s": Infinity}}]}' % KEY, "not a whole number"),
+    ('{"tables": [{"compute_capability": [8, 0], "gpu": "x", "bytes": {"%s": -4096}}]}' % KEY, "give 0 to"),
+    ('{"tables": [{"compute_capability": [8, 0], "gpu": "x", "bytes": {"%s": 1e30}}]}' % KEY, "give 0 to"),
+    ('{"tables": [{"compute_capability": [8, 0], "gpu": "x", "bytes": {"%s": true}}]}' % KEY, "not a whole number"),
+    ('{"tables": [{"compute_capability": [8], "gpu": "x", "bytes": {}}]}', "not [major, minor]"),
+    ('{"tables": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+])
+def test_bad_values_in_a_table_are_named_before_any_trace(tmp_path, text, fragment):
+    # issue #36 item 6: these were AttributeError, OverflowError, RecursionError, or accepted
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    with pytest.raises(cudnn.WorkspaceTableError, match=fragment):
+        cudnn.check_setting({cudnn.ENV: str(bad)})
+
+
 def _step(workspace: int) -> list[TraceEvent]:
     """Activations of 60 MiB freed in backward, then a conv's weight gradient and its workspace:
     the mechanism that made MnasNet's late-backward workspace raise the reserved peak."""

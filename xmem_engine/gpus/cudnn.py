@@ -116,24 +116,41 @@ class WorkspaceTable:
     bytes: Mapping[str, int]
 
 
+def _workspace_bytes(key: str, v: object) -> int:
+    """A workspace size from the file: a whole number of bytes, 0 to the largest request."""
+    from xmem_engine.trace import MAX_REQUEST_BYTES
+
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")) \
+            or v != int(v):
+        raise ValueError(f"workspace of {key!r} is {v!r}, not a whole number of bytes")
+    if not 0 <= v <= MAX_REQUEST_BYTES:
+        raise ValueError(f"workspace of {key!r} is {v!r} bytes: give 0 to {MAX_REQUEST_BYTES:,}")
+    return int(v)
+
+
 def _tables_of(path: Path) -> list[WorkspaceTable]:
     try:
         d = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise WorkspaceTableError(f"{ENV}: cannot read cuDNN workspace tables from {path}: {e}") from None
+    except (OSError, ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else e
+        raise WorkspaceTableError(f"{ENV}: cannot read cuDNN workspace tables from {path}: {why}") from None
     if not isinstance(d, dict) or not isinstance(d.get("tables"), list):
         raise WorkspaceTableError(f"{ENV}: {path}: expected a JSON object with a list of 'tables' "
                                   f"(as benchmarks/cudnn_workspaces.py measure writes)")
     out = []
     for i, t in enumerate(d["tables"]):
         try:
+            if not isinstance(t, dict) or not isinstance(t.get("bytes"), dict):
+                raise ValueError("expected an object whose 'bytes' maps problem keys to sizes")
             cc = tuple(int(v) for v in t["compute_capability"])
-            sizes = {str(k): int(v) for k, v in t["bytes"].items()}
+            if len(cc) != 2 or not all(0 <= v < 1000 for v in cc):
+                raise ValueError(f"compute_capability {t['compute_capability']!r} is not [major, minor]")
+            sizes = {str(k): _workspace_bytes(str(k), v) for k, v in t["bytes"].items()}
             for k in sizes:
                 ConvProblem.from_key(k)
             out.append(WorkspaceTable((cc[0], cc[1]), str(t["gpu"]), t.get("cudnn_version"),
                                       str(t.get("torch_version", "")), str(t.get("source", path)), sizes))
-        except (KeyError, TypeError, ValueError, IndexError) as e:
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError) as e:
             raise WorkspaceTableError(f"{ENV}: {path}: table {i} is not a cuDNN workspace table: {e}") from None
     return out
 
