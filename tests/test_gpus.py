@@ -285,6 +285,7 @@ def test_explicit_path_wins_over_env_var(tmp_path, monkeypatch):
          ["'NEW'", "'aliases'", "'a100'", "A100-SXM4-40GB"]),
         ("[gpu.T4]\nsm_count = 1\n", ["'gpu'"]),
         ("[gpus.T4\nsm_count = 1\n", ["not valid TOML"]),
+        ("[gpus]\nx = " + "[" * 100_000 + "]" * 100_000 + "\n", ["nested too deeply"]),  # was RecursionError
     ],
 )
 def test_malformed_user_file_names_file_gpu_and_field(tmp_path, text, needles):

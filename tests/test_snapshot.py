@@ -96,3 +96,6 @@ def test_rejects_plain_data_that_is_not_a_snapshot():
         loads_snapshot(b"not a pickle at all")
     with pytest.raises(FileNotFoundError):
         load_snapshot("/nonexistent/file.pickle")
+    import struct  # 14 bytes claiming 1 TiB of data: a MemoryError before (issue #36 item 6)
+    with pytest.raises(SnapshotFormatError, match="claims more data than its 14 bytes"):
+        loads_snapshot(b"\x80\x04\x8e" + struct.pack("<Q", 1 << 40) + b"abc")

@@ -177,6 +177,8 @@ def _parse(text: str, origin: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise GPUCatalogError(f"{origin}: not valid TOML: {e}") from e
+    except RecursionError:
+        raise GPUCatalogError(f"{origin}: its arrays or tables are nested too deeply to be a GPU catalog") from None
 
 
 def _entries(raw: dict[str, Any], origin: str) -> dict[str, tuple[dict[str, Any], str]]:

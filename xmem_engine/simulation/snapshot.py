@@ -49,6 +49,9 @@ def loads_snapshot(data: bytes, name: str = "<bytes>") -> dict:
         raise UnsafeSnapshotError(f"{name}: {e}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as e:
         raise SnapshotFormatError(f"{name}: not a readable pickle ({e})") from None
+    except (MemoryError, OverflowError, RecursionError):  # a length field claiming far more than the file holds
+        raise SnapshotFormatError(f"{name}: not a readable pickle (it claims more data than its "
+                                  f"{len(data):,} bytes, or nests too deeply)") from None
     if not isinstance(snap, dict) or "segments" not in snap:
         raise SnapshotFormatError(f"{name}: a pickle, but not a memory snapshot (no 'segments' key)")
     check_snapshot(snap, name)
