@@ -358,3 +358,38 @@ def test_catalog_files_never_crash(tmp_path_factory, fields, key):
 def test_a_search_result_is_plain_data():
     s = BatchSearch(4, None, "", 8, [1, 2, 4])
     assert list(s) == [4, None] and s.describe("b", "T4") == "largest b that fits on T4: 4"
+
+
+def test_settings_from_the_environment_name_their_variable(tmp_path, monkeypatch, capsys):
+    # issue #36 item 8: an error from an environment variable did not say which variable
+    from xmem_engine.cli import main
+
+    script = tmp_path / "tiny.py"
+    script.write_text("import torch\nx = torch.ones(4, device='cuda')\n")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:abc")
+    assert main(["estimate", str(script)]) == 2
+    assert "PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb" in capsys.readouterr().err
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("XMEM_GPU", "no-such-gpu")
+    assert main(["estimate", str(script)]) == 2
+    assert "XMEM_GPU: Unknown GPU 'no-such-gpu'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("conf", ["max_split_size_mb:100000000000000000000000", "max_split_size_mb:-5",
+                                  "max_non_split_rounding_mb:18446744073709551616"])
+def test_allocator_sizes_beyond_a_size_t_are_refused_as_pytorch_refuses_them(conf):
+    from xmem_engine.simulation.alloc_conf import AllocConfError, parse_alloc_conf
+
+    with pytest.raises(AllocConfError, match="out of range"):
+        parse_alloc_conf(conf)
+    assert parse_alloc_conf("max_split_size_mb:18446744073709551615").max_split_size == (2**64 - 1) // 2**20 * 2**20
+
+
+def test_every_rank_of_a_huge_world_is_refused_before_tracing(tmp_path, capsys):
+    # issue #36 item 8: --world-size 100000 --rank all started 100k traces with no word
+    from xmem_engine.cli import main
+
+    script = tmp_path / "tiny.py"
+    script.write_text("raise AssertionError('must not run')\n")
+    assert main(["estimate", str(script), "--world-size", "100000", "--rank", "all"]) == 2
+    assert "100,000 traces" in capsys.readouterr().err

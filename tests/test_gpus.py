@@ -286,6 +286,8 @@ def test_explicit_path_wins_over_env_var(tmp_path, monkeypatch):
         ("[gpu.T4]\nsm_count = 1\n", ["'gpu'"]),
         ("[gpus.T4\nsm_count = 1\n", ["not valid TOML"]),
         ("[gpus]\nx = " + "[" * 100_000 + "]" * 100_000 + "\n", ["nested too deeply"]),  # was RecursionError
+        ('[gpus.X]\nname = "\\u001b[31mRED"\n', ["'name' must be printable text"]),  # escape codes, raw on a terminal
+        ('[gpus."\\u001b[2J"]\nname = "x"\n', ["a key must be printable text"]),
     ],
 )
 def test_malformed_user_file_names_file_gpu_and_field(tmp_path, text, needles):

@@ -385,6 +385,9 @@ def _add_world_arguments(p) -> None:
                    help="GPUs per node, torchrun's --nproc-per-node (default 8): LOCAL_RANK = RANK %% G")
 
 
+MAX_EVERY_RANK = 256  # --rank all: one trace a rank, in this process
+
+
 def _world_args(args) -> tuple[list, bool]:
     """The worlds to trace from --world-size / --rank / --gpus-per-node (checked before the script
     runs), and whether --rank all asked for every rank."""
@@ -396,6 +399,10 @@ def _world_args(args) -> tuple[list, bool]:
             raise InputError("--rank and --gpus-per-node need --world-size N (the number of processes torchrun starts)")
         return [None], False
     every = rank == "all"
+    if every and size > MAX_EVERY_RANK:
+        raise InputError(f"--rank all with --world-size {size}: that is {size:,} traces, one after another. "
+                         f"Ranks that run the same code are alike: trace one (--rank R), or ask for all "
+                         f"of at most {MAX_EVERY_RANK} ranks")
     if rank is None or every:
         ranks = range(size) if every else [0]
     else:

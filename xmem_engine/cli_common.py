@@ -209,11 +209,17 @@ def _script_inputs(args) -> tuple:
     _check_script(args.script)
     if args.gpu is not None and not args.gpu.strip():
         raise InputError("--gpu: empty GPU name; `xmem gpus` lists the names")
+    from_env = args.gpu is None and bool(os.environ.get("XMEM_GPU"))
     try:
         gpu = resolve_gpu(args.gpu or os.environ.get("XMEM_GPU") or DEFAULT_GPU)
+    except UnknownGPUError as e:  # name the variable: the user may not know it is set
+        raise InputError(f"XMEM_GPU: {e}" if from_env else str(e)) from None
+    except GPUCatalogError as e:
+        raise InputError(str(e)) from None
+    try:
         overrides = parse_overrides(args.overrides)
         check_setting()
-    except (UnknownGPUError, GPUCatalogError, OverrideError, WorkspaceTableError) as e:
+    except (OverrideError, WorkspaceTableError) as e:
         raise InputError(str(e)) from None
     if args.iterations is not None and args.iterations < 1:
         raise InputError(f"--iterations must be at least 1, not {args.iterations}")

@@ -155,10 +155,12 @@ class Output:
             records, lines = self._records()
         except OutputError:
             raise
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, csv.Error) as e:
             raise OutputError(f"--out {self.path}: cannot resume from it ({type(e).__name__}: {e}); "
                               "give another file, or --force to start it over") from None
         except Exception as e:  # pyarrow's own errors
+            if self.format != "parquet":
+                raise
             raise OutputError(f"--out {self.path}: cannot read it as Parquet ({e}); "
                               "give another file, or --force to start it over") from None
         keys = self.columns if self.format != "jsonl" else [f.name for f in fields(self.row_type)] + [CHECKSUM]

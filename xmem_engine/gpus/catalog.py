@@ -193,6 +193,8 @@ def _entries(raw: dict[str, Any], origin: str) -> dict[str, tuple[dict[str, Any]
         raise GPUCatalogError(f"{origin}: 'gpus' must be a table of [gpus.\"KEY\"] tables")
     out: dict[str, tuple[dict[str, Any], str]] = {}
     for key, entry in gpus.items():
+        if not key.isprintable():  # escape codes would reach the terminal with `xmem gpus`
+            raise GPUCatalogError(f"{origin}: GPU {key!r}: a key must be printable text")
         if not isinstance(entry, dict):
             raise GPUCatalogError(f"{origin}: GPU '{key}': must be a table, got {entry!r}")
         for name, value in entry.items():
@@ -226,6 +228,9 @@ def _check_field(origin: str, key: str, name: str, value: Any) -> None:
         raise GPUCatalogError(f"{where} must not be empty: the name torch.cuda.get_device_name() reports")
     if name == "aliases" and not all(isinstance(a, str) and a.strip() for a in value):
         raise GPUCatalogError(f"{where} must be a list of non-empty strings, got {value!r}")
+    texts = [value] if name in ("name", "compute_capability") else list(value) if name == "aliases" else []
+    if not all(t.isprintable() for t in texts):  # terminal escape codes, newlines
+        raise GPUCatalogError(f"{where} must be printable text, got {value!r}")
     if name == "sources" and not all(isinstance(v, str) for v in value.values()):
         raise GPUCatalogError(f"{where} must map field names to strings, got {value!r}")
 

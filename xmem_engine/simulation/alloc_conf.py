@@ -55,8 +55,11 @@ class AllocatorConfig:
     def from_env(cls, environ: dict[str, str] | None = None) -> "AllocatorConfig":
         """Read ``PYTORCH_ALLOC_CONF`` (2.9+) or ``PYTORCH_CUDA_ALLOC_CONF``."""
         env = os.environ if environ is None else environ
-        text = env.get("PYTORCH_ALLOC_CONF") or env.get("PYTORCH_CUDA_ALLOC_CONF") or ""
-        return parse_alloc_conf(text)
+        name = "PYTORCH_ALLOC_CONF" if env.get("PYTORCH_ALLOC_CONF") else "PYTORCH_CUDA_ALLOC_CONF"
+        try:
+            return parse_alloc_conf(env.get(name) or "")
+        except AllocConfError as e:  # say where it came from: the user may not know it is set
+            raise AllocConfError(f"{name}: {e}") from None
 
 
 def _lex(text: str) -> list[str]:
@@ -110,9 +113,12 @@ class _Reader:
 
 def _int(r: _Reader, key: str, tok: str) -> int:
     try:
-        return int(tok)
+        val = int(tok)
     except ValueError:
         raise r.error(f"{key}: {tok!r} is not an integer") from None
+    if not 0 <= val < 1 << 64:  # PyTorch reads a size_t (std::stoull, std::stoi before 2.8): out of range, refused
+        raise r.error(f"{key}: {tok} is out of range (0 to {(1 << 64) - 1:,})")
+    return val
 
 
 def _bool(r: _Reader, key: str, tok: str) -> bool:
@@ -176,12 +182,12 @@ def parse_alloc_conf(text: str) -> AllocatorConfig:
             val = _int(r, key, r.value(key))
             if val <= K_LARGE_BUFFER // MB:
                 raise r.error(f"max_split_size_mb too small, must be > {K_LARGE_BUFFER // MB}, got {val}")
-            cfg.max_split_size = val * MB
+            cfg.max_split_size = min(val, SIZE_MAX // MB) * MB  # PyTorch's clamp
         elif key == "max_non_split_rounding_mb":
             val = _int(r, key, r.value(key))
             if val <= K_LARGE_BUFFER // MB:
                 raise r.error(f"max_non_split_rounding_mb too small, must be > {K_LARGE_BUFFER // MB}, got {val}")
-            cfg.max_non_split_rounding_size = val * MB
+            cfg.max_non_split_rounding_size = min(val, SIZE_MAX // MB) * MB
         elif key == "garbage_collection_threshold":
             tok = r.value(key)
             try:
