@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up .venv first (scripts/setup.sh).
-.PHONY: setup test test-torch-ends start cli-demo bench bench-setup paper-runs zoo
+.PHONY: setup test test-torch-ends start cli-demo bench bench-setup paper-runs zoo finetune-setup test-finetune zoo-finetune
 
 setup:
 	@bash scripts/setup.sh
@@ -42,3 +42,22 @@ zoo: bench-setup
 
 paper-runs: bench-setup
 	.venv-bench/bin/python benchmarks/paper_runs.py
+
+# The fine-tuning stack of 2026 (issue #31): transformers 5.x with peft, TRL, bitsandbytes,
+# Liger's Triton kernels, Lightning and torchao, on PyPI's default Linux torch wheel (a CUDA
+# build with Triton, run here without a driver). An environment of its own: the paper runs'
+# environment (.venv-bench) stays on transformers 4.51.
+FINETUNE_PINS = "torch==2.14.1" "transformers==5.25.0" "peft==0.21.2" "trl==1.16.0" "bitsandbytes==0.50.2" \
+	"liger-kernel==0.8.5" "lightning==2.6.6" "torchao==0.18.0" "accelerate>=1.10" "datasets>=3.0" \
+	"numpy>=1.24" "pytest>=8" "hypothesis>=6.100" "jsonschema>=4.0" "tqdm>=4.60"
+finetune-setup:
+	@test -x .venv-ft/bin/python || python3 -m venv .venv-ft
+	.venv-ft/bin/pip install --quiet --disable-pip-version-check $(FINETUNE_PINS) 2>&1 | grep -v "^WARNING: Location" || true
+
+# The fine-tuning stack's tests (they skip where a library is missing; here none is).
+test-finetune: finetune-setup
+	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider tests/test_finetune_*.py
+
+# The fine-tuning zoo (benchmarks/zoo/finetune/): every script estimated under an 8 GiB cap.
+zoo-finetune: finetune-setup
+	PYTHONPATH="$$PWD" .venv-ft/bin/python benchmarks/zoo.py --dir benchmarks/zoo/finetune --markdown

@@ -366,6 +366,9 @@ def estimate_trace(
             f"estimate for this GPU directly for its own choice"]
     outside = library_bytes(target, tr)
     limit = allocator_limit(target, outside)
+    # Unified memory (bitsandbytes' paged optimizer states): on the device as nvidia-smi counts
+    # it, but not taken from cudaMalloc's share, since the driver pages it out when short.
+    outside += int(tr.meta.get("managed_bytes", 0))
     sim = simulate(events, allocator=CachingAllocator(cfg, capacity=limit,
                                                      device_total=target.total_memory_bytes))
     oom_note = []

@@ -22,7 +22,8 @@ How it works
   knows (a loss, a gradient norm) are guessed, and sizes that depend on them take their
   upper bound; each guess is noted with its line (``guesses.py``). ``.item()`` of a fake
   tensor is a number that may be printed or summed freely; its use in control flow is a
-  guess. ``torch.save`` of fake tensors writes nothing (``checkpoints.py``).
+  guess. ``torch.save`` and safetensors (``save_pretrained``) of fake tensors write nothing
+  (``checkpoints.py``).
   ``mode="real"`` runs on real CPU tensors, stopped before it outgrows the host's memory
   (``host_memory.py``); ``mode="auto"`` runs fake mode, and re-runs the code in real mode
   (``trace.meta["fallback"]`` says why) only where fake mode cannot go on and cannot guess
@@ -83,7 +84,11 @@ Where things are
 ``shadow_values.py``  real values of small fake GPU tensors whose contents are known
 ``guesses.py``        values nobody knows, guessed; data-dependent sizes, bounded
 ``host_memory.py``    the host memory a real-mode run may take, and its guard
-``checkpoints.py``    ``torch.save`` / ``torch.load`` on the virtual GPU
+``checkpoints.py``    ``torch.save`` / ``torch.load`` and safetensors on the virtual GPU
+``bitsandbytes_shim.py``  bitsandbytes (once imported): 4/8-bit parameters over fake data,
+                      ``gemm_4bit``'s CUDA temporaries, paged optimizer states as unified memory
+``triton_launches.py``  Triton kernels (Liger, TRL, a user's ``@triton.jit``): launches counted,
+                      not compiled or run; the tensors they write lose their known values
 ``packed_sequences.py``  ``pack_padded_sequence`` / ``pad_packed_sequence`` on the virtual GPU
 ``cuda_temporaries.py``  buffers CUDA kernels allocate for themselves (index_put's sort, reductions)
 ``cuda_reduce.py``    the reduction kernel's launch configuration and staging buffers (Reduce.cuh)

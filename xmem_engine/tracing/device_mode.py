@@ -159,11 +159,13 @@ class DeviceMode(TorchFunctionMode):
             t = t.data
         src_gpu = tr.is_gpu(t)
         mf = memory_format if memory_format is not None else torch.preserve_format
+        # Tensor.to itself, not a subclass's override (bitsandbytes' Params4bit.to calls
+        # super().to(...), which lands here, and its own .to takes no copy= nor memory_format=).
         if src_gpu == to_gpu:
-            return t.to(dtype=dtype if dtype is not None else t.dtype, non_blocking=non_blocking, copy=copy,
-                        memory_format=mf)
+            return torch.Tensor.to(t, dtype=dtype if dtype is not None else t.dtype, non_blocking=non_blocking,
+                                   copy=copy, memory_format=mf)
         with tr.call_scope(target=Device.GPU if to_gpu else Device.HOST, explicit=to_gpu and not src_gpu):
-            return t.to(device=CPU, dtype=dtype, non_blocking=non_blocking, copy=True, memory_format=mf)
+            return torch.Tensor.to(t, device=CPU, dtype=dtype, non_blocking=non_blocking, copy=True, memory_format=mf)
 
     def _to(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
         t, rest = args[0], args[1:]

@@ -312,3 +312,65 @@ def checkpoint_metadata(tracer: Any) -> Callable[[torch.Tensor], dict]:
         return {"shape": x.shape, "dtype": x.dtype, "device": tracer.vc.device if tracer.is_gpu(x) else torch.device("cpu")}
 
     return extract
+
+
+class ProcessExit(SystemExit):
+    """``os._exit(status)`` in traced code: ends the code like ``sys.exit``, without ``atexit``."""
+
+
+class ScriptEnd:
+    """How a script may end the process, kept inside the trace (issue #36): ``os._exit(n)``
+    raises ``SystemExit(n)`` where it is called, as ``sys.exit(n)`` would, instead of ending
+    xmem with it (a scheduler read exit 0 and no answer); ``atexit`` handlers the user's code
+    registers run when the code ends, inside the trace, not after xmem has printed its
+    result. Handlers that libraries register (thread pools, caches) keep their process-exit
+    meaning: they are left to ``atexit``."""
+
+    def __init__(self) -> None:
+        self.handlers: list[tuple[Callable, tuple, dict]] = []
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "ScriptEnd":
+        import atexit
+        import os
+
+        from xmem_engine.tracing.frames import is_user_file
+
+        orig_register, orig_unregister = atexit.register, atexit.unregister
+
+        def _exit(status: int) -> None:
+            raise ProcessExit(status)
+
+        def register(func: Callable, *args: Any, **kwargs: Any) -> Callable:
+            if is_user_file(sys._getframe(1).f_code.co_filename):
+                self.handlers.append((func, args, kwargs))
+                return func
+            return orig_register(func, *args, **kwargs)
+
+        def unregister(func: Callable) -> None:
+            self.handlers = [h for h in self.handlers if h[0] != func]
+            orig_unregister(func)
+
+        _exit.__wrapped__ = os._exit  # type: ignore[attr-defined]
+        self._stack.enter_context(patched_attr(os, "_exit", _exit))
+        self._stack.enter_context(patched_attr(atexit, "register", register))
+        self._stack.enter_context(patched_attr(atexit, "unregister", unregister))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+
+    def run_handlers(self) -> None:
+        """The user's ``atexit`` handlers, last registered first; an exception in one is
+        printed and the others still run, as at interpreter exit."""
+        import traceback
+
+        while self.handlers:
+            func, args, kwargs = self.handlers.pop()
+            try:
+                func(*args, **kwargs)
+            except SystemExit:
+                pass
+            except Exception:  # noqa: BLE001 - as atexit does: print, go on
+                print("Exception ignored in atexit callback", func, file=sys.stderr)
+                traceback.print_exc()

@@ -54,12 +54,16 @@ from xmem_engine.tracing.patches import (
     storage_resize,
     checkpoint_metadata,
     patched_item,
+    ProcessExit,
+    ScriptEnd,
 )
+from xmem_engine.tracing.bitsandbytes_shim import bitsandbytes_on_gpu
 from xmem_engine.tracing.checkpoints import kept_in_memory
 from xmem_engine.tracing.guesses import GUESS_HEADLINE, Guesses
 from xmem_engine.tracing.host_memory import ENV as HOST_ENV, HostBudget, HostMemoryExceeded, gib
 from xmem_engine.tracing.shadow_values import Shadows
 from xmem_engine.tracing.tracer import Tracer
+from xmem_engine.tracing.triton_launches import triton_launches
 from xmem_engine.tracing.user_state import UserState
 from xmem_engine.tracing.virtual_cuda import patched_cuda
 
@@ -242,15 +246,23 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
                     if isinstance(v, torch.nn.Module):
                         tracer.register_root(v, k)
             try:
-                run_user_code(code, scratch)
+                with ScriptEnd() as script_end:  # os._exit and atexit kept inside the trace
+                    try:
+                        run_user_code(code, scratch)
+                    except ProcessExit as e:  # ``os._exit(0)``: ended without its atexit handlers
+                        if e.code not in (None, 0):
+                            raise
+                    except SystemExit as e:  # ``sys.exit(main())`` at the end of a script
+                        if e.code not in (None, 0):
+                            raise
+                        script_end.run_handlers()
+                    else:
+                        script_end.run_handlers()
             except StopTracing:
                 pass
             except NeedsRealValues as e:
                 e.gpu_bytes = tracer.peak_live_bytes
                 raise
-            except SystemExit as e:  # ``sys.exit(main())`` at the end of a script
-                if e.code not in (None, 0):
-                    raise
             if scratch is not None:
                 _classify_leftovers(tracer, scratch.values())
                 persist = {
@@ -279,6 +291,8 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
         meta["world"] = world.as_json()
     if tracer.real_ops:
         meta["real_ops"] = dict(tracer.real_ops)  # fake mode: these ran for real, one call at a time
+    if getattr(tracer, "managed_bytes", 0):  # paged optimizer states (bitsandbytes_shim.py)
+        meta["managed_bytes"] = tracer.managed_bytes
     notes = list(tracer.notes)
     made = tracer.guesses.guesses() if tracer.guesses is not None else []
     if made:
@@ -353,6 +367,8 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(tracer.hooks())
         stack.enter_context(patched_attr(torch.UntypedStorage, "resize_", storage_resize(tracer)))
         stack.enter_context(kept_in_memory(tracer))  # torch.save / torch.load (checkpoints.py)
+        stack.enter_context(triton_launches(tracer))  # Triton kernels: recorded, not run
+        stack.enter_context(bitsandbytes_on_gpu(tracer))  # 4/8-bit parameters and optimizers
         if tracer.fake:
             # FakeTensorMode logs every failing meta kernel (a user's shape error) with a
             # traceback of its own; the error itself reaches the user's code.
