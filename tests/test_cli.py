@@ -6,7 +6,6 @@ import sys
 
 import pytest
 
-
 from conftest import needs_shared_traces, TRACES
 from xmem_engine.cli import main
 from xmem_engine.trace import Trace, TraceEvent
@@ -134,6 +133,26 @@ def test_a_script_that_changes_folder_does_not_move_the_output_files(tmp_path, c
     assert sorted(p.name for p in scripts.iterdir()) == ["selfchdir.py"]
 
 
+def test_os_exit_keeps_the_exit_contract_and_atexit_output_stays_off_the_json(tmp_path, capsys):
+    # issue #36 item 1: os._exit(0) after allocating 1 TiB gave exit 0 and no answer; os._exit(7) exit 7
+    script = tmp_path / "oexit.py"
+    body = ("import torch, os, atexit\natexit.register(print, 'bye from atexit')\n"
+            "x = torch.empty(2**40, dtype=torch.uint8, device='cuda')\n")
+    script.write_text(body + "os._exit(0)\n")
+    code, out, _ = run(capsys, "estimate", str(script), "--json")
+    assert code == 3 and json.loads(out)["fits"] is False  # os._exit skips atexit, as it does in Python
+    script.write_text(body + "os._exit(7)\n")
+    code, out, _ = run(capsys, "estimate", str(script), "--json")
+    assert code == 1 and json.loads(out)["script_exit_status"] == 7
+    import atexit
+
+    before = atexit._ncallbacks()
+    script.write_text(body.replace("2**40", "2**20"))  # ends normally: the handler runs, off stdout's JSON
+    code, out, err = run(capsys, "estimate", str(script), "--json")
+    assert code == 0 and json.loads(out)["fits"] and "bye from atexit" in err
+    assert atexit._ncallbacks() == before  # nothing of the script's is left for xmem's own exit
+
+
 def test_json_failures_are_one_json_object(tmp_path, capsys):
     # issue #36 item 6: usage errors and a full disk under --json printed no JSON (or lost the estimate)
     script = tmp_path / "tiny.py"
@@ -160,3 +179,41 @@ def test_ctrl_c_is_one_json_object(tmp_path, capsys, monkeypatch):
     script.write_text("x = 1\n")
     code, out, err = run(capsys, "estimate", str(script), "--json")
     assert code == 1 and json.loads(out)["error"] == "interrupted" and "interrupted" in err
+
+
+def _xmem(*argv, **kw):
+    """The ``xmem`` command as a user runs it (a script command then runs in a child process)."""
+    return subprocess.run([sys.executable, "-m", "xmem_engine", *argv], capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+def test_a_script_that_kills_its_own_process_gets_the_contracts_answer(tmp_path):
+    # issue #36 item 1: a signal (or a dying interpreter) ended xmem with it: no answer, no JSON
+    script = tmp_path / "kill.py"
+    script.write_text("import torch, os, signal\nx = torch.ones(10, device='cuda')\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")
+    p = _xmem("estimate", str(script), "--json")
+    out = json.loads(p.stdout)
+    assert p.returncode == 1 and out["error"] == "script_failed" and "signal 9 (SIGKILL)" in out["message"]
+    ok = tmp_path / "ok.py"  # and a script that ends well answers as before, one JSON object on stdout
+    ok.write_text("import torch, atexit\natexit.register(print, 'from atexit')\nx = torch.ones(10, device='cuda')\n")
+    p = _xmem("estimate", str(ok), "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["fits"] is True and "from atexit" in p.stderr
+
+
+def test_ctrl_c_from_the_terminal_gives_one_json_object(tmp_path):
+    import signal
+    import time
+
+    script = tmp_path / "slow.py"
+    script.write_text("import time, torch\nx = torch.ones(10, device='cuda')\nprint('started', flush=True)\n"
+                      "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "xmem_engine", "estimate", str(script), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    line = ""
+    while "started" not in line and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: the whole foreground group
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and json.loads(out)["error"] == "interrupted", (out, err)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
+import signal
 import sys
 
 from xmem_engine.cli_common import (  # noqa: F401  (REPORT_HINT and the errors: part of the CLI's API)
@@ -60,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (``argv``: its words; None: ``sys.argv``, as the ``xmem`` command, which
+    then runs a script command in a child process, see :func:`_in_child`)."""
     parser = build_parser()
+    argv_given = argv
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare "--" is the script's own command line (xmem estimate train.py -- 50 10).
     script_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -75,6 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         raise
     if hasattr(args, "script_args"):
         args.script_args = script_args
+    if argv_given is None and args.command in _SCRIPT_COMMANDS and hasattr(os, "fork"):
+        return _in_child(lambda: _run(args), args)
+    return _run(args)
+
+
+# Commands that run the user's script: from the command line, in a child process whose end
+# xmem always sees (the script may kill its own process, or the interpreter may die).
+_SCRIPT_COMMANDS = ("estimate", "advise", "trace")
+
+
+def _run(args) -> int:
     try:
         try:
             _check_environment()
@@ -92,6 +108,62 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "json", False):  # stdout still carries one JSON object
             _print_json(e.json())
         return e.code
+
+
+def _in_child(run, args) -> int:
+    """``run()`` in a forked child; its exit code, or the contract's answer when the child did
+    not get to give one (issue #36): a script that kills its own process (a signal, an abort
+    in a native library) gets exit 1 and, with ``--json``, one JSON object saying how it
+    ended, where a scheduler would have read a signal's status or nothing at all. After the
+    child has answered, its stdout goes to stderr: what libraries print at exit cannot follow
+    the JSON object. Ctrl-C reaches both: the child answers "interrupted"; the parent waits."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        code = EXIT_USER_CODE
+        try:
+            code = run()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.write(write_end, bytes([code & 0xFF]))
+            os.close(write_end)
+            os.dup2(2, 1)
+        return code
+    os.close(write_end)
+    interrupted = []
+    old = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+    try:
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries waitpid itself
+                continue
+        answer = os.read(read_end, 1)
+    finally:
+        signal.signal(signal.SIGINT, old)
+        os.close(read_end)
+    if answer:
+        return answer[0]
+    if interrupted:
+        err: CLIError = Interrupted(f"xmem {args.command}: interrupted (Ctrl-C)")
+    elif os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        err = ScriptFailed(f"the script ended the process with signal {sig} ({name}) before xmem could "
+                           "answer" + (" (killed: out of host memory?)" if sig == signal.SIGKILL else ""),
+                           status=-sig)
+    else:
+        err = ScriptFailed(f"the script ended the process with status {os.WEXITSTATUS(status)} before "
+                           "xmem could answer", status=os.WEXITSTATUS(status))
+    print(f"xmem {args.command}: {err}", file=sys.stderr)
+    if getattr(args, "json", False):
+        _print_json(err.json())
+    return err.code
 
 
 def _check_environment() -> None:
