@@ -38,7 +38,6 @@ import contextlib
 import functools
 import importlib.abc
 import importlib.machinery
-import os
 import sys
 from typing import Any, Callable, Iterator
 
@@ -246,7 +245,7 @@ def paged_prefetch(orig: Callable) -> Callable:
 
 def install(stack: contextlib.ExitStack, tracer: Any) -> None:
     """Patch bitsandbytes (imported) for the rest of the trace; ``stack`` undoes it."""
-    from xmem_engine.tracing.patches import patched_attr, patched_item
+    from xmem_engine.tracing.patches import patched_attr
 
     import bitsandbytes.functional as F
     from bitsandbytes.nn import modules
@@ -266,10 +265,6 @@ def install(stack: contextlib.ExitStack, tracer: Any) -> None:
     stack.enter_context(patched_attr(F, "get_paged", paged_buffer(tracer)))
     stack.enter_context(patched_attr(F, "fill", paged_fill(F.fill)))
     stack.enter_context(patched_attr(F, "prefetch_tensor", paged_prefetch(F.prefetch_tensor)))
-    # transformers loads a checkpoint in worker threads (core_model_loading.py) unless it
-    # quantizes on the fly: a pre-quantized 4/8-bit checkpoint's tensors would reach the real
-    # CUDA there, outside the tracer's (thread-local) modes. Loaded in the calling thread.
-    stack.enter_context(patched_item(os.environ, "HF_DEACTIVATE_ASYNC_LOAD", "1"))
     tracer.op_hooks.append(cuda_temporaries)
     stack.callback(tracer.op_hooks.remove, cuda_temporaries)
 

@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import linecache
 import logging
+import os
 import time
 import types
 import warnings
@@ -367,6 +368,9 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(tracer.hooks())
         stack.enter_context(patched_attr(torch.UntypedStorage, "resize_", storage_resize(tracer)))
         stack.enter_context(kept_in_memory(tracer))  # torch.save / torch.load (checkpoints.py)
+        # transformers (5.x) loads a checkpoint's tensors in worker threads, outside the tracer's
+        # thread-local modes: they would reach the real CUDA ("no NVIDIA driver"). In this thread.
+        stack.enter_context(patched_item(os.environ, "HF_DEACTIVATE_ASYNC_LOAD", "1"))
         stack.enter_context(triton_launches(tracer))  # Triton kernels: recorded, not run
         stack.enter_context(bitsandbytes_on_gpu(tracer))  # 4/8-bit parameters and optimizers
         if tracer.fake:

@@ -1,0 +1,33 @@
+"""Loading a Hugging Face checkpoint onto the virtual GPU (transformers 5.x), no quantization.
+
+transformers 5 loads a checkpoint's tensors in worker threads, outside the tracer's
+thread-local modes; they reached the real CUDA ("no NVIDIA driver") until traces load them in
+the calling thread (``HF_DEACTIVATE_ASYNC_LOAD``)."""
+
+from __future__ import annotations
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_from_pretrained_with_a_device_map_loads_onto_the_virtual_gpu(tmp_path):
+    import torch
+
+    from xmem_engine.tracing import trace
+
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    code = (f"import torch, transformers\n"
+            f"m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, device_map={{'': 0}},\n"
+            f"    dtype=torch.bfloat16, use_kernels=False)\n"  # no hub here
+            f"assert m.device.type == 'cuda', m.device\n"
+            f"m(torch.ones(2, 16, dtype=torch.long, device='cuda')).logits.sum().backward()\n")
+    tr = trace(code, {}, mode="fake")
+    weights = sum(e.bytes for e in tr.events if e.kind == "alloc" and e.category == "parameter")
+    n = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
+    assert weights >= 2 * n  # every weight on the GPU, in bf16 (tied or not, at least once)
+    import os
+
+    assert "HF_DEACTIVATE_ASYNC_LOAD" not in os.environ
