@@ -581,10 +581,13 @@ def _largest_rank(ests: list):
 
 # --------------------------------------------------------------------------- gpus
 def _add_gpus(sub) -> None:
+    from xmem_engine.gpus import ADD_GPU_HELP
+
     p = sub.add_parser("gpus", help="list the GPUs xmem knows (add yours in a TOML file: see --help)",
                        description="List the GPU catalog. Add or correct GPUs in a TOML file named by "
                        "--file, $XMEM_GPUS_FILE or ~/.config/xmem/gpus.toml (same layout as the packaged "
-                       "xmem_engine/data/gpus.toml).")
+                       "xmem_engine/data/gpus.toml).", epilog=ADD_GPU_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--file", metavar="TOML", help="a TOML file of extra or corrected GPUs")
     p.add_argument("--json", action="store_true", help="print the catalog as JSON, with sources")
     p.set_defaults(func=_cmd_gpus)

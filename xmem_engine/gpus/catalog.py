@@ -365,12 +365,13 @@ def _unknown_message(name: str, catalog: Mapping[str, GPU]) -> str:
         key = by_spelling[spelling]
         if key not in close:
             close.append(key)
+    # Short: a typo in a notebook cell needs the names, not a recipe (issue #35); the recipe
+    # is one command away.
     lines = [f"Unknown GPU {name!r}."]
     if close:
         shown = ", ".join(f"{k} ({catalog[k].name})" for k in close[:5])
         lines.append(f"Close matches: {shown}.")
-    else:
-        lines.append(f"Known GPUs: {', '.join(sorted(catalog))}.")
-    lines.append("")
-    lines.append(ADD_GPU_HELP)
+    lines.append(f"Known GPUs: {', '.join(sorted(catalog))}.")
+    lines.append(f"To add yours: a few lines of TOML in ~/.config/xmem/gpus.toml (or ${ENV_VAR}); "
+                 "`xmem gpus --help` shows them.")
     return "\n".join(lines)
