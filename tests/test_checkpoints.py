@@ -78,3 +78,59 @@ on_gpu = all(t.is_cuda for t in torch.load({str(path)!r}, map_location=torch.dev
     assert ns["on_gpu"] is True
     loaded = [e for e in tr.events if e.kind == "alloc" and e.phase == "other" and e.bytes == 256 * 256 * 4]
     assert len(loaded) == 3  # the model's weight, and each load's copy of it on the GPU
+
+
+def test_a_kept_checkpoint_holds_no_gpu_memory_and_keeps_host_values(tmp_path):
+    """What torch.save kept does not keep the saved GPU tensors alive (a real save does not
+    either); its host tensors come back with their values; its fake ones as new storages."""
+    src = """
+import torch
+acts = torch.zeros(1024, 1024, device="cuda")  # 4 MiB on the GPU
+torch.save({"acts": acts, "rng": torch.get_rng_state(), "step": 7}, PATH)
+del acts                                        # freed here, as on a GPU
+back = torch.load(PATH)
+rng_equal = bool(torch.equal(back["rng"], torch.get_rng_state()))
+step = back["step"]
+on_gpu = back["acts"].is_cuda
+"""
+    ns: dict = {"PATH": str(tmp_path / "ckpt.pt")}
+    tr = trace(src, ns, mode="fake")
+    assert not list(tmp_path.iterdir())
+    assert ns["rng_equal"] and ns["step"] == 7 and ns["on_gpu"]
+    big = [e for e in tr.events if e.bytes == 1024 * 1024 * 4 and e.kind in ("alloc", "free")]
+    assert [e.kind for e in big] == ["alloc", "free", "alloc", "free"]  # the save's tensor died at `del`
+    assert any(n.startswith("torch.save at <cell>:4 wrote nothing: 1 torch.save file of 1 fake tensor (4.0 MiB)") for n in tr.meta["notes"])
+
+
+def test_saving_into_a_missing_directory_fails_as_torch_does(tmp_path):
+    src = f"import torch\ntorch.save(torch.zeros(8, device='cuda'), {str(tmp_path / 'no' / 'x.pt')!r})\n"
+    with pytest.raises(RuntimeError, match="Parent directory .* does not exist"):
+        trace(src, {}, mode="fake")
+
+
+def test_a_checkpoint_written_through_a_buffer_or_renamed_loads_back(tmp_path):
+    """Lightning writes torch.save's bytes from a buffer to the file; other code saves to a
+    temporary name and renames it: the placeholder's bytes carry what they stand for."""
+    src = """
+import io, os
+import torch
+model = torch.nn.Linear(128, 128).cuda()
+buf = io.BytesIO()
+torch.save({"state_dict": model.state_dict(), "epoch": 3}, buf)
+with open(CKPT, "wb") as f:
+    f.write(buf.getvalue())
+torch.save(model.state_dict(), TMP)
+os.replace(TMP, FINAL)
+a = torch.load(CKPT, map_location="cpu")
+b = torch.load(FINAL)
+epoch, a_host, b_gpu = a["epoch"], not a["state_dict"]["weight"].is_cuda, b["weight"].is_cuda
+"""
+    ns: dict = {"CKPT": str(tmp_path / "x.ckpt"), "TMP": str(tmp_path / "tmp.pt"), "FINAL": str(tmp_path / "final.pt")}
+    tr = trace(src, ns, mode="fake")
+    assert (ns["epoch"], ns["a_host"], ns["b_gpu"]) == (3, True, True)
+    # the files hold placeholders of a few hundred bytes, not the 64 KiB weight
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.pt", "x.ckpt"]
+    assert all(p.stat().st_size < 4096 for p in tmp_path.iterdir())
+    line = src.splitlines().index("b = torch.load(FINAL)") + 1
+    loads = [e for e in tr.events if e.kind == "alloc" and e.source.endswith(f":{line}")]
+    assert sorted(e.bytes for e in loads) == [128 * 4, 128 * 128 * 4]  # b: back on the GPU, where it was saved from

@@ -15,8 +15,10 @@ optimizers the code uses, and a storage's category only moves up (``_RANK``), so
 word is the most specific one. ``forward`` starts at the forward pre-hook of a top-level
 module (one called while no other module runs) and lasts until a backward starts;
 ``backward`` lasts while ``Tensor.backward`` / ``torch.autograd.backward`` /
-``torch.autograd.grad`` run; ``optimizer`` while ``Optimizer.step`` runs; everything else is
-``other``. Iteration 0 starts at the first top-level forward; a new iteration starts at the
+``torch.autograd.grad`` run; ``optimizer`` while ``Optimizer.step`` runs, except inside the
+closure passed to it (``step(closure)``: LBFGS, Lightning's automatic optimization), whose
+forward and backward are phases as they are outside; everything else is ``other``.
+Iteration 0 starts at the first top-level forward; a new iteration starts at the
 first top-level forward after an optimizer step (with gradient accumulation, an iteration
 holds all the micro-batches of one step), or, while the code has created no optimizer, at
 the first top-level forward after a backward. Events before the first forward (model
@@ -511,10 +513,36 @@ class Tracer:
 
         return __init__
 
-    def _optimizer_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _optimizer_pre(self, opt: torch.optim.Optimizer, args: tuple,
+                       kwargs: dict) -> tuple[tuple, dict] | None:
         self._optimizers.add(opt)
         self.set_phase(Phase.OPTIMIZER)
         self.classify_optimizer(opt)
+        # ``args`` starts with the optimizer itself (torch's step wrapper passes ``self``).
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if not callable(closure) or isinstance(closure, torch.Tensor):
+            return None
+        # ``step(closure)`` (LBFGS, Lightning's automatic optimization): the closure's
+        # forward and backward are the step's forward and backward, not optimizer work.
+        wrapped = self._step_closure(opt, closure)
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": wrapped}
+        return (args[0], wrapped, *args[2:]), kwargs
+
+    def _step_closure(self, opt: torch.optim.Optimizer, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """``closure`` as the optimizer calls it: run in the ``other`` phase (so its forward
+        starts a forward as any top-level forward does), and the optimizer's own work, after
+        it returns, in the ``optimizer`` phase."""
+
+        def run_closure(*args: Any, **kwargs: Any) -> Any:
+            self.set_phase(Phase.OTHER)
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                self.classify_optimizer(opt)
+                self.set_phase(Phase.OPTIMIZER)
+
+        return run_closure
 
     def _optimizer_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.classify_optimizer(opt)

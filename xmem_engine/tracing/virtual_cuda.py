@@ -456,6 +456,7 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
     """Install the virtual device's ``torch.cuda`` functions; restore the originals after."""
     import torch.cuda.memory as cuda_memory
     import torch.cuda.nvtx as nvtx
+    import torch.cuda.random as cuda_random  # Trainer's checkpoints call torch.cuda.random.get_rng_state
 
     stack = contextlib.ExitStack()
 
@@ -468,6 +469,8 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
             patch(torch.cuda, name, fn)
             if hasattr(cuda_memory, name):
                 patch(cuda_memory, name, fn)
+            if hasattr(cuda_random, name):
+                patch(cuda_random, name, fn)
         # torch.accelerator (2.6+) is the device-generic front of the same calls; on a CUDA
         # build without a GPU it would ask the driver, so it answers for the virtual GPU too.
         accelerator = getattr(torch, "accelerator", None)

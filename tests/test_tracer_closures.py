@@ -1,0 +1,66 @@
+"""``optimizer.step(closure)`` (LBFGS, Lightning's automatic optimization): the closure's
+forward and backward are the step's forward and backward phases, what they save for backward
+is an activation, and only the optimizer's own work is the ``optimizer`` phase (tracer.py)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from xmem_engine.tracing import trace
+
+STEP = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).cuda()
+opt = torch.optim.OPTIMIZER(model.parameters(), lr=0.1)
+x = torch.randn(64, 256, device="cuda")
+for _ in range(3):
+BODY
+"""
+
+PLAIN = """    opt.zero_grad()
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()"""
+
+CLOSURE = """    def closure():
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss
+    opt.step(CALL)"""
+
+
+def _allocs(tr) -> list[tuple]:
+    return [(e.iteration, str(e.phase), str(e.category), e.op, e.bytes) for e in tr.events if e.kind == "alloc"]
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "SGD"])
+@pytest.mark.parametrize("call", ["closure", "closure=closure"])
+def test_a_step_inside_the_closure_is_attributed_as_one_outside_it(optimizer, call):
+    plain = trace(STEP.replace("OPTIMIZER", optimizer).replace("BODY", PLAIN), {}, mode="fake")
+    closed = trace(STEP.replace("OPTIMIZER", optimizer).replace("BODY", CLOSURE.replace("CALL", call)), {}, mode="fake")
+    assert _allocs(closed) == _allocs(plain)
+    phases = collections.Counter((e.iteration, str(e.phase)) for e in closed.events if e.kind == "alloc")
+    assert {it for it, _ in phases} == {-1, 0, 1, 2}
+    assert all(phases[(it, "forward")] and phases[(it, "backward")] for it in (0, 1, 2))
+    cats = collections.Counter(str(e.category) for e in closed.events if e.kind == "alloc")
+    assert cats["activation"] == 9 and cats["gradient"] == 12  # 3 saved tensors and 4 gradients a step
+
+
+def test_lbfgs_calls_its_closure_many_times_in_one_step():
+    # Real mode: how often LBFGS calls the closure depends on the loss's values.
+    body = CLOSURE.replace("CALL", "closure").replace("opt.zero_grad()", "opt.zero_grad()\n        calls.append(1)")
+    src = "per_step = []\n" + STEP.replace("OPTIMIZER", "LBFGS").replace("lr=0.1", "max_iter=3, history_size=2").replace(
+        "BODY", "    calls = []\n" + body + "\n    per_step.append(len(calls))").replace("range(3)", "range(2)")
+    ns: dict = {}
+    tr = trace(src, ns, mode="real")
+    a = [e for e in tr.events if e.kind == "alloc"]
+    assert {e.iteration for e in a} == {-1, 0, 1}  # one iteration a step, however many closure calls
+    assert len(ns["per_step"]) == 2
+    for it, calls in zip((0, 1), ns["per_step"]):
+        forwards = [e for e in a if e.iteration == it and str(e.phase) == "forward"]
+        assert calls > 1 and sum(str(e.category) == "activation" for e in forwards) == 3 * calls
+        assert any(str(e.phase) == "optimizer" for e in a if e.iteration == it)  # LBFGS's own buffers
+    assert not any(str(e.phase) == "optimizer" and str(e.category) == "activation" for e in a)
