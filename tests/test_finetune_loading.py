@@ -21,7 +21,7 @@ def test_from_pretrained_with_a_device_map_loads_onto_the_virtual_gpu(tmp_path):
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
     code = (f"import torch, transformers\n"
             f"m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, device_map={{'': 0}},\n"
-            f"    dtype=torch.bfloat16, use_kernels=False)\n"  # no hub here
+            f"    dtype=torch.bfloat16)\n"
             f"assert m.device.type == 'cuda', m.device\n"
             f"m(torch.ones(2, 16, dtype=torch.long, device='cuda')).logits.sum().backward()\n")
     tr = trace(code, {}, mode="fake")
@@ -30,4 +30,6 @@ def test_from_pretrained_with_a_device_map_loads_onto_the_virtual_gpu(tmp_path):
     assert weights >= 2 * n  # every weight on the GPU, in bf16 (tied or not, at least once)
     import os
 
-    assert "HF_DEACTIVATE_ASYNC_LOAD" not in os.environ
+    assert "HF_DEACTIVATE_ASYNC_LOAD" not in os.environ and "USE_HUB_KERNELS" not in os.environ
+    # transformers 5 would fetch Hub kernels for a model on cuda (a download; CUDA code): off, and said
+    assert any("USE_HUB_KERNELS=NO" in n for n in tr.meta["notes"])

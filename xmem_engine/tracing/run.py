@@ -319,6 +319,18 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
 
 
 
+def _note_hub_kernels(tracer: Tracer) -> None:
+    """The note for transformers 5's Hub kernels, where the traced code used transformers 5."""
+    import sys
+
+    mod = sys.modules.get("transformers")
+    version = getattr(mod, "__version__", "0")
+    if mod is not None and int(version.split(".")[0]) >= 5:
+        tracer.notes.append(
+            "transformers' Hub kernels were off (USE_HUB_KERNELS=NO): layers ran PyTorch's own ops. On a GPU, "
+            "transformers 5 may swap some layers for kernels downloaded from the Hub, which can hold less memory")
+
+
 def _classify_leftovers(tracer: Tracer, values: Iterable[Any]) -> None:
     """Name and classify what the code leaves behind (a model built but never run)."""
     for v in values:
@@ -371,6 +383,11 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         # transformers (5.x) loads a checkpoint's tensors in worker threads, outside the tracer's
         # thread-local modes: they would reach the real CUDA ("no NVIDIA driver"). In this thread.
         stack.enter_context(patched_item(os.environ, "HF_DEACTIVATE_ASYNC_LOAD", "1"))
+        # transformers 5 swaps layers of a model on cuda for kernels it downloads from the Hub
+        # (`kernels`): compiled CUDA code that cannot run here, and a download. Off, and said.
+        if "USE_HUB_KERNELS" not in os.environ:
+            stack.enter_context(patched_item(os.environ, "USE_HUB_KERNELS", "NO"))
+            stack.callback(_note_hub_kernels, tracer)
         stack.enter_context(triton_launches(tracer))  # Triton kernels: recorded, not run
         stack.enter_context(bitsandbytes_on_gpu(tracer))  # 4/8-bit parameters and optimizers
         if tracer.fake:
