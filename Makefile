@@ -49,10 +49,15 @@ paper-runs: bench-setup
 # environment (.venv-bench) stays on transformers 4.51.
 FINETUNE_PINS = "torch==2.14.1" "transformers==5.25.0" "peft==0.21.2" "trl==1.16.0" "bitsandbytes==0.50.2" \
 	"liger-kernel==0.8.5" "lightning==2.6.6" "torchao==0.18.0" "accelerate>=1.10" "datasets>=3.0" \
-	"numpy>=1.24" "pytest>=8" "hypothesis>=6.100" "jsonschema>=4.0" "tqdm>=4.60"
+	"numpy>=1.24" "pytest>=8" "hypothesis>=6.100" "jsonschema>=4.0" "tqdm>=4.60" \
+	"ipython>=8.0" "ipykernel>=6.0" "ipywidgets>=8.1" "bokeh>=3.4" "jupyter_bokeh>=4.0" "nbclient>=0.10" "nbformat>=5.9"
+# It is also a Jupyter kernel, "Python (xmem fine-tuning stack)", for demo_notebooks/07 in `make start`'s JupyterLab.
 finetune-setup:
 	@test -x .venv-ft/bin/python || python3 -m venv .venv-ft
 	.venv-ft/bin/pip install --quiet --disable-pip-version-check $(FINETUNE_PINS) 2>&1 | grep -v "^WARNING: Location" || true
+	@if [ -x .venv/bin/python ]; then PYTHONPATH="$$PWD" .venv-ft/bin/python -m ipykernel install --prefix "$$PWD/.venv" \
+		--name xmem-finetune --display-name "Python (xmem fine-tuning stack)" \
+		--env PYTHONPATH "$$PWD" > /dev/null 2>&1; fi
 
 # The fine-tuning stack's tests (they skip where a library is missing; here none is).
 test-finetune: finetune-setup
