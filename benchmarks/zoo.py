@@ -1,4 +1,4 @@
-"""Estimate every training script in ``benchmarks/zoo/`` as a new user would, and print a table.
+"""Estimate every training script of a zoo folder (``--dir``, default ``benchmarks/zoo/``) as a new user would.
 
 Each script is written as its author would write it for a GPU (``.cuda()``, ``device="cuda"``,
 the libraries' own training loops); nobody adapted it to xmem. Each runs in a child process
@@ -6,14 +6,18 @@ under a host-memory cap (``XMEM_HOST_MEMORY``, default 8G: a small laptop), and 
 says, per script: the exit code of the estimate (0 fits, 3 does not fit, 1 failed), the
 mode (``fake``; ``mixed``: fake, with some ops run for real; ``real``: the whole script
 re-run on real tensors), how many value guesses fake mode made, the seconds, the child's
-peak resident memory (``wait4``'s ``ru_maxrss``) and the estimated peak.
+peak resident memory (``wait4``'s ``ru_maxrss``) and the estimated peak (the ``--json`` rows also
+keep the bytes live at the peak by category, to hold against formulas).
 
     .venv-bench/bin/python benchmarks/zoo.py [--gpu A100-80GB] [--only NAME ...] [--json OUT] [--markdown]
+    .venv-ft/bin/python benchmarks/zoo.py --dir benchmarks/zoo/finetune [--only NAME ...]
     .venv-bench/bin/python benchmarks/zoo.py --show benchmarks/data/zoo-2026-12-01.jsonl --markdown
 
 The scripts need the benchmark environment (``make bench-setup``: torchvision,
 transformers, peft, accelerate, timm, diffusers); a script whose import is missing is
-listed as skipped.
+listed as skipped. ``--dir benchmarks/zoo/finetune`` is the fine-tuning zoo of issue #31
+(bitsandbytes, peft, TRL, Liger, Triton, Lightning, torchao, ``generate()``); it needs
+``.venv-ft``. Each script runs with its own folder as the working directory.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ def run_one(path: str, gpu: str) -> dict:
         row.update(exit=0 if est.fits else 3, mode=mode, guesses=sum(g["count"] for g in meta.get("guesses", ())),
                    guess_lines=len(meta.get("guesses", ())), fallback=meta.get("fallback", ""),
                    real_ops=meta.get("real_ops", {}), peak_device_bytes=est.peak_device_bytes,
-                   capacity_bytes=est.capacity_bytes, events=est.n_events)
+                   capacity_bytes=est.capacity_bytes, events=est.n_events, breakdown=est.breakdown)
     print(MARK + json.dumps(row), file=out, flush=True)
     return row
 
@@ -85,10 +89,10 @@ def run_measured(cmd: list[str], env: dict, cwd: str, timeout: float) -> tuple[i
 
 
 def run_child(path: Path, gpu: str, host_memory: str, timeout: float) -> dict:
-    """Run :func:`run_one` in a child process; add its wall time and peak RSS."""
+    """Run :func:`run_one` in a child process (in the script's folder); add its wall time and peak RSS."""
     env = dict(os.environ, XMEM_HOST_MEMORY=host_memory, PYTHONPATH=str(ROOT))
     code, out, tail, seconds, rss = run_measured([sys.executable, __file__, "--one", str(path), "--gpu", gpu],
-                                                 env, str(ZOO), timeout)
+                                                 env, str(path.parent), timeout)
     rows = [json.loads(line[len(MARK):]) for line in out.splitlines() if line.startswith(MARK)]
     row = rows[-1] if rows else {"script": path.name, "exit": 1,
                                  "error": f"child ended with {code} and no result: {tail.strip().splitlines()[-1:]}"}
@@ -130,6 +134,8 @@ def summary(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, default=ZOO,
+                    help="folder of scripts to estimate (default benchmarks/zoo; benchmarks/zoo/finetune: issue #31)")
     ap.add_argument("--gpu", default="A100-80GB")
     ap.add_argument("--host-memory", default="8G", help="XMEM_HOST_MEMORY for each script (default 8G)")
     ap.add_argument("--only", nargs="*", help="script names (without .py) to run")
@@ -149,8 +155,16 @@ def main() -> None:
         print()
         print(summary(rows))
         return
-    scripts = sorted(p for p in ZOO.glob("*.py") if not p.name.startswith("_"))
+    folder = args.dir.resolve()
+    if not folder.is_dir():
+        ap.error(f"--dir {args.dir}: not a folder")
+    scripts = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
+    if not scripts:
+        ap.error(f"--dir {args.dir}: no scripts (*.py not starting with _) in it")
     if args.only:
+        unknown = set(args.only) - {p.stem for p in scripts}
+        if unknown:
+            ap.error(f"--only: no script named {', '.join(sorted(unknown))} in {folder}")
         scripts = [p for p in scripts if p.stem in set(args.only)]
     rows = []
     for p in scripts:
