@@ -117,6 +117,18 @@ def test_int8_weight_bytes_and_real_equals_fake():
     assert mm == [8 * N * 2, 8 * N * 4]
 
 
+def test_llm_int8_outlier_columns_take_their_upper_bound_in_fake_mode():
+    # threshold 6.0 (LLM.int8()'s default): which columns hold outliers depends on the
+    # activations' values; fake mode takes every column (and said so), where it had re-run the
+    # whole script on real tensors (and timed out on the zoo's bnb_int8_lora.py)
+    src = INT8.format(K=K, N=N).replace("threshold=0.0", "threshold=6.0")
+    fake = trace(src, {}, mode="fake")
+    assert any(str(g["value"]).startswith(f"{K:,} outlier columns") for g in fake.meta["guesses"]), fake.meta["guesses"]
+    mixed = [e for e in fake.events if e.kind == "alloc" and e.op == "bitsandbytes.int8_mixed_scaled_mm.default"]
+    assert 8 * K * 2 in [e.bytes for e in mixed]  # A[:, outlier_cols] in fp16, every column
+    assert N * K * 4 in [e.bytes for e in mixed]  # the weights' outlier columns dequantized (CUDA)
+
+
 OPTIM = """
 import torch
 import bitsandbytes as bnb

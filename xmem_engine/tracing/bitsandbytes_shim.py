@@ -176,7 +176,45 @@ def int8_scaled_mm_steps(a: torch.Tensor, cb: torch.Tensor, dtype: torch.dtype |
     return steps + [("free", slot, 0) for _, slot, _ in list(steps)]
 
 
-CUDA_COMPOSITES = ("bitsandbytes::gemm_4bit", "bitsandbytes::int8_scaled_mm", "bitsandbytes::int8_mixed_scaled_mm")
+CUDA_COMPOSITES = ("bitsandbytes::gemm_4bit", "bitsandbytes::int8_scaled_mm", "bitsandbytes::int8_mixed_scaled_mm",
+                   "bitsandbytes::int8_vectorwise_quant")
+
+
+def _threshold(args: tuple, kwargs: dict) -> float:
+    return float(kwargs.get("threshold", args[1] if len(args) > 1 else 0.0))
+
+
+def _outlier_cols(args: tuple, kwargs: dict) -> Any:
+    return kwargs.get("outlier_cols", args[5] if len(args) > 5 else None)
+
+
+def int8_mixed_bound(args: tuple, kwargs: dict) -> tuple[Any, str | None]:
+    """``int8_mixed_scaled_mm``'s second output, the activations' outlier columns in their own
+    dtype (``A[:, outlier_cols]``): sized by the outlier columns :func:`int8_outliers_bound`
+    bounded (exact given them)."""
+    A, CA, CB = args[0], args[1], args[2]
+    cols = _outlier_cols(args, kwargs)
+    empty = torch.ops.aten.empty.memory_format
+    out = empty([*CA.shape[:-1], CB.shape[0]], dtype=A.dtype, device=torch.device("cpu"))
+    n = cols.numel() if cols is not None else 0
+    sub = empty([A.shape[0], n], dtype=A.dtype, device=torch.device("cpu")) if n else None
+    return (out, sub), None
+
+
+def int8_outliers_bound(args: tuple, kwargs: dict) -> tuple[Any, str | None]:
+    """``int8_vectorwise_quant``'s outlier columns (LLM.int8(), ``threshold > 0``) are the
+    columns of the activations with a value at or above the threshold: a size that depends on
+    values, which fake tensors lack. Its upper bound, every column, as other data-dependent
+    sizes take theirs (``guesses.BOUNDS``, which this joins for the trace)."""
+    A = args[0]
+    rows = A.numel() // A.shape[-1]
+    empty = torch.ops.aten.empty.memory_format  # inside the dispatch mode: FakeTensorMode makes them
+    out = (empty(list(A.shape), dtype=torch.int8, device=torch.device("cpu")),
+           empty([rows], dtype=torch.float32, device=torch.device("cpu")))
+    if _threshold(args, kwargs) == 0.0:
+        return (*out, None), None
+    return (*out, empty([A.shape[-1]], dtype=torch.int64, device=torch.device("cpu"))), \
+        f"{A.shape[-1]:,} outlier columns (every column at or above LLM.int8()'s threshold)"
 
 
 def cuda_temporaries(tracer: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -192,6 +230,16 @@ def cuda_temporaries(tracer: Any, func: Any, args: tuple, kwargs: dict, out: Any
         steps = int8_scaled_mm_steps(args[0], args[1], kwargs.get("dtype", args[5] if len(args) > 5 else None))
     elif name == "bitsandbytes::int8_mixed_scaled_mm":  # (A, CA, CB, ...): its output in A's dtype
         steps = int8_scaled_mm_steps(args[1], args[2], args[0].dtype)
+        cols, CB = _outlier_cols(args, kwargs), args[2]
+        if cols is not None and cols.numel():  # the weights' outlier columns: int8, dequantized, cast
+            n = CB.shape[0] * cols.numel()
+            steps = [("alloc", "cb_cols", n), ("alloc", "dequant", n * 4), ("free", "cb_cols", 0),
+                     ("alloc", "sub_b", n * args[0].element_size()), ("free", "dequant", 0),
+                     *steps, ("free", "sub_b", 0)]
+    elif name == "bitsandbytes::int8_vectorwise_quant":  # CUDA finds outliers as A.abs() >= threshold
+        A = args[0]
+        steps = [("alloc", "abs", A.numel() * A.element_size()), ("alloc", "mask", A.numel()),
+                 ("free", "abs", 0), ("free", "mask", 0)] if _threshold(args, kwargs) > 0.0 else []
     if steps:
         tracer.transients(func, steps)
 
@@ -267,6 +315,11 @@ def install(stack: contextlib.ExitStack, tracer: Any) -> None:
     stack.enter_context(patched_attr(F, "prefetch_tensor", paged_prefetch(F.prefetch_tensor)))
     tracer.op_hooks.append(cuda_temporaries)
     stack.callback(tracer.op_hooks.remove, cuda_temporaries)
+    from xmem_engine.tracing.guesses import BOUNDS
+    from xmem_engine.tracing.patches import patched_item
+
+    stack.enter_context(patched_item(BOUNDS, "bitsandbytes.int8_vectorwise_quant.default", int8_outliers_bound))
+    stack.enter_context(patched_item(BOUNDS, "bitsandbytes.int8_mixed_scaled_mm.default", int8_mixed_bound))
 
 
 class _OnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
