@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import library_frame, op_name, user_frame
+from xmem_engine.tracing.placeholders import in_range
 from xmem_engine.tracing.shadow_values import SHADOW_BYTES, Shadows
 
 LOOP_LIMIT = 10_000  # guesses at one line before it counts as a loop on a value
@@ -55,13 +56,15 @@ class Guess:
     where: str
     inside: str = ""
     count: int = 1
-    kind: str = "value"  # "value" or "size" (an upper bound on a data-dependent size)
+    kind: str = "value"  # "value", "size" (an upper bound on a data-dependent size) or "rule" (UNEQUAL)
 
     def note(self) -> str:
         inside = f" (in {self.inside})" if self.inside else ""
         times = f", {self.count:,} times" if self.count > 1 else ""
         if self.kind == "size":
             return f"guessed the size of {self.what} at {self.where or '?'}{inside}: {self.value}{times}"
+        if self.kind == "rule":
+            return f"guessed {self.what} at {self.where or '?'}{inside}: {self.value}{times}"
         return f"guessed {self.what} = {self.value} at {self.where or '?'}{inside}{times}"
 
     def as_json(self) -> dict[str, Any]:
@@ -82,6 +85,27 @@ def bare() -> Iterator[None]:
         yield
 
 
+class _Maker:
+    """How a small unknown storage was made: the op, its inputs held weakly, which output;
+    and, once a read has run it, what it gave (``result``).
+
+    Why the result is kept: a value read follows the chain of makers back, and in a loop the
+    chain runs through every earlier step (``generate()``'s ``input_ids = cat([input_ids,
+    next_tokens])`` and ``unfinished_sequences & ~is_done``: each step's tensors are made from
+    the previous step's). Run afresh at each read, each dead step's maker ran once per path
+    to it: a 4-layer model took 23 s for 4 new tokens and 667 s for 16. Kept, each maker runs
+    once in the whole trace and a read costs the ops made since the last one."""
+
+    __slots__ = ("func", "args", "kwargs", "index", "result")
+
+    def __init__(self, func: Any, args: Any, kwargs: Any, index: int):
+        self.func, self.args, self.kwargs, self.index = func, args, kwargs, index
+        self.result: Any = None  # None: not run yet; _LEAF: the kernel refused the stand-ins
+
+
+_LEAF = object()
+
+
 class _Ref:
     """An op's tensor input, held weakly, with what is known of its value at the time
     (a known or last known storage, or the op that made it), so that a temporary
@@ -89,7 +113,7 @@ class _Ref:
 
     __slots__ = ("ref", "size", "stride", "offset", "dtype", "nbytes", "value", "maker")
 
-    def __init__(self, t: torch.Tensor, value: torch.UntypedStorage | None, maker: tuple | None):
+    def __init__(self, t: torch.Tensor, value: torch.UntypedStorage | None, maker: _Maker | None):
         self.ref = weakref.ref(t)
         self.size, self.stride, self.offset, self.dtype = t.size(), t.stride(), t.storage_offset(), t.dtype
         self.nbytes = t.untyped_storage().nbytes()
@@ -122,8 +146,8 @@ class Guesses:
         self.shadows = shadows
         self.fake_mode = fake_mode
         self._fake = shadows._fake
-        # storage -> (op, weak args, weak kwargs, which output): how a small unknown storage was made
-        self.producers: dict[int, tuple[Any, Any, Any, int]] = {}
+        # storage -> how a small unknown storage was made
+        self.producers: dict[int, _Maker] = {}
         # storage -> its last known value, before an op wrote unknown values into it
         self.stale: dict[int, torch.UntypedStorage] = {}
         self._watched: set[int] = set()
@@ -194,10 +218,45 @@ class Guesses:
             k = x.untyped_storage()._cdata
             return _Ref(x, self.shadows.by_storage.get(k) or self.stale.get(k), self.producers.get(k))
 
+        if len(outs) == 1 and self._unequal(func, args, kwargs, outs[0], keys[0]):
+            return
         weak_args, weak_kwargs = tree_map(weak, args), tree_map(weak, kwargs)
         for i, (o, key) in enumerate(zip(outs, keys)):
-            self.producers[key] = (func, weak_args, weak_kwargs, i)
+            self.producers[key] = _Maker(func, weak_args, weak_kwargs, i)
             self._watch(o.untyped_storage(), key)
+
+    def _unequal(self, func: Any, args: tuple, kwargs: dict, out: torch.Tensor, key: int) -> bool:
+        """``isin`` of unknown integers against known ones (:data:`UNEQUAL`):
+        no match, so that generation runs to ``max_new_tokens``.
+
+        Why: generated tokens (``argmax``, ``multinomial`` of logits) are unknown. Taken as
+        ones, or as the argmax of ones (0), they would be a stop token wherever eos is 0 or
+        1, and ``generate()`` would stop after one step. A GPU allocates the most when no
+        sequence stops early (the KV cache grows to the last token): that is the guess."""
+        rule = UNEQUAL.get(op_name(func))
+        if rule is None or out.dtype != torch.bool:
+            return False
+        a = args[0] if args else None
+        b = args[1] if len(args) > 1 else kwargs.get("test_elements", kwargs.get("other"))
+        known = self.shadows.by_storage
+
+        def unknown_ids(x: Any) -> bool:
+            return (isinstance(x, self._fake) and not x.dtype.is_floating_point and x.dtype != torch.bool
+                    and x.untyped_storage()._cdata not in known)
+
+        def is_known(x: Any) -> bool:
+            return (isinstance(x, (int, float)) or not isinstance(x, self._fake)
+                    or x.untyped_storage()._cdata in known)
+
+        if not ((unknown_ids(a) and is_known(b)) or (unknown_ids(b) and is_known(a))):
+            return False
+        value = rule(args, kwargs)
+        with bare():
+            self.stale[key] = torch.full((out.untyped_storage().nbytes(),), value, dtype=torch.bool).untyped_storage()
+        self._watch(out.untyped_storage(), key)
+        self.decide(f"{_short(func)} of unknown ids with known ones", f"{value} everywhere (no id matches: "
+                    "no early stop, generation runs to max_new_tokens)", kind="rule")
+        return True
 
     def _reduced_ones(self, func: Any, args: tuple, kwargs: dict, out: torch.Tensor, key: int) -> None:
         """A reduction of a big unknown tensor (``p.norm()``, ``loss.sum()``): its value were
@@ -206,7 +265,7 @@ class Guesses:
         x = args[0] if args else None
         if rule is None or not isinstance(x, torch.Tensor) or out.numel() == 0:
             return
-        value = rule(x.numel() / out.numel(), args, kwargs)
+        value = in_range(rule(x.numel() / out.numel(), args, kwargs), out.dtype)  # fp16: at most 65,504
         with bare():
             storage = torch.full((out.untyped_storage().nbytes() // out.element_size(),), value,
                                  dtype=out.dtype).untyped_storage()
@@ -240,8 +299,9 @@ class Guesses:
         memo[key] = None  # a cycle ends in ones
         return self._run(self.producers[key], depth, memo)
 
-    def _run(self, maker: tuple, depth: int, memo: dict) -> torch.UntypedStorage | None:
-        func, weak_args, weak_kwargs, index = maker
+    def _run(self, maker: _Maker, depth: int, memo: dict) -> torch.UntypedStorage | None:
+        if maker.result is not None:
+            return None if maker.result is _LEAF else maker.result
 
         def resolve(x: Any) -> Any:
             if not isinstance(x, _Ref):
@@ -258,15 +318,19 @@ class Guesses:
             return r if r is not None else _ones(x, x.nbytes)
 
         try:
-            args, kwargs = tree_map(resolve, weak_args), tree_map(resolve, weak_kwargs)
+            args, kwargs = tree_map(resolve, maker.args), tree_map(resolve, maker.kwargs)
             with bare():
-                out = func(*args, **kwargs)
+                out = maker.func(*args, **kwargs)
         except Exception:  # the real kernel refuses the stand-ins: the value is a leaf
+            maker.result = _LEAF
             return None
         outs = tree_flatten(out)[0]
+        index = maker.index
         if index >= len(outs) or not isinstance(outs[index], torch.Tensor):
+            maker.result = _LEAF
             return None
-        return outs[index].untyped_storage()
+        maker.result = outs[index].untyped_storage()
+        return maker.result
 
     def scalar(self, t: torch.Tensor) -> Any:
         """The guessed value of a one-element tensor (1 when nothing better is known)."""
@@ -274,7 +338,10 @@ class Guesses:
         if r is None or r.numel() != 1:
             return 1
         with bare():
-            return r.item()
+            value = r.item()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.shadows.guessed.add(value)
+        return value
 
     def read(self, what: str, fn: Callable[[torch.Tensor], Any], t: torch.Tensor) -> Any:
         """``fn`` (``bool``, ``int``, ``Tensor.tolist``...) of ``t``'s surrogate, noted as a
@@ -294,7 +361,7 @@ class Guesses:
         key = (what, where, inside)
         g = self.made.get(key)
         if g is None:
-            shown = value if kind == "size" else _show(value)
+            shown = value if kind in ("size", "rule") else _show(value)
             g = self.made[key] = Guess(what, shown, where, inside, kind=kind)
         else:
             g.count += 1
@@ -423,6 +490,21 @@ ONES_REDUCTIONS: dict[str, Callable[[float, tuple, dict], Any]] = {
     "aten.all.dim": lambda k, a, kw: True,
     "aten.all.dims": lambda k, a, kw: True,
 }
+
+
+# op name -> the value of ``op(unknown ids, known ids)`` (Guesses._unequal): no id matches
+def _isin(args: tuple, kwargs: dict) -> bool:
+    invert = args[3] if len(args) > 3 else kwargs.get("invert", False)
+    return bool(invert)
+
+
+UNEQUAL: dict[str, Callable[[tuple, dict], bool]] = {
+    "aten.isin.Tensor_Tensor": _isin,
+    "aten.isin.Tensor_Scalar": _isin,
+    "aten.isin.Scalar_Tensor": _isin,
+}
+# Not ``==`` / ``!=``: ``unfinished_sequences.max() == 0`` is itself an unknown integer
+# compared with a known one, and "never equal" would never stop the loop.
 
 
 # --------------------------------------------------------------------------- upper bounds

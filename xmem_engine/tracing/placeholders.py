@@ -10,6 +10,7 @@ raises :class:`NeedsRealValues`.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Callable
 
@@ -90,9 +91,31 @@ class FakeInt(_guessed(int)):  # type: ignore[misc]
     """Integer counterpart of :class:`FakeFloat`."""
 
 
+def in_range(value: Any, dtype: torch.dtype) -> Any:
+    """``value``, a guess, brought into what ``dtype`` holds: finite and within its range.
+
+    Why: a guess is made from ones (``guesses.py``), so a sum over 65,536 fp16 elements
+    guesses 65,536, which fp16 cannot hold (its largest is 65,504; int8's 127, float8
+    e4m3's 448). Writing that into a tensor is an error on the real kernel
+    (``value cannot be converted to type c10::Half without overflow``), and an infinite
+    guess would send ``isfinite`` checks (GradScaler's, a guarded step) down the path a
+    GPU takes only on overflow. The guess saturates instead: the largest finite value
+    (or the smallest), a bool for bool. NaN and complex values are left as they are."""
+    if isinstance(value, complex) or dtype.is_complex:
+        return value
+    v = float.__float__(value) if isinstance(value, float) else int.__int__(value)  # no use noted
+    if dtype == torch.bool:
+        return v != 0
+    if isinstance(v, float) and math.isnan(v):
+        return v if dtype.is_floating_point else 0
+    info: Any = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    return v if info.min <= v <= info.max else (info.max if v > 0 else info.min)
+
+
 def placeholder(dtype: torch.dtype, value: Any = 1, on_use: OnUse | None = None) -> Any:
     """The number ``.item()`` gives for a fake tensor of ``dtype`` whose value is guessed to be
     ``value``; a plain bool for bool tensors (a guess made at once, through ``on_use``)."""
+    value = in_range(value, dtype)
     if dtype.is_floating_point or dtype.is_complex:
         n: Any = FakeFloat(float(value.real if isinstance(value, complex) else value))
     elif dtype == torch.bool and on_use is not None:

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from xmem_engine.tracing.placeholders import in_range
+
 # The largest storage that gets a shadow. Masks, ids and labels of a batch are far smaller;
 # activations and weights are far larger and never known anyway.
 SHADOW_BYTES = 1 << 20
@@ -56,6 +58,9 @@ class Shadows:
         self._ops: dict[Any, tuple[bool, bool]] = {}  # op -> (writes its inputs, random)
         # told (tensor, its last known storage) when a shadow is dropped (guesses.py keeps it)
         self.on_forget: Any = None
+        # the numbers ``.item()`` handed out as guesses (guesses.py): an op's Scalar argument
+        # arrives here as a plain number, so a guess is told from a literal by its value
+        self.guessed: set[Any] = set()
 
     def __len__(self) -> int:
         return len(self.by_storage)
@@ -157,6 +162,11 @@ class Shadows:
         with unset_fake_temporarily():
             base = known if known is not None else torch.zeros(st.nbytes(), dtype=torch.uint8).untyped_storage()
             view = torch.empty((0,), dtype=t.dtype).set_(base, t.storage_offset(), t.size(), t.stride())
+            value = args[1] if len(args) > 1 else None
+            if isinstance(value, (int, float)) and value in self.guessed:
+                # ``fill_(loss.item())``: the guess, one the dtype holds (placeholders.in_range);
+                # a literal the dtype cannot hold stays the real kernel's error
+                args = (t, in_range(value, t.dtype), *args[2:])
             func(view, *args[1:], **kwargs)  # the shadow (or a fresh one) takes the written values
         if known is None:
             self._keep(t, view)
