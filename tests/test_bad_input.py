@@ -393,3 +393,41 @@ def test_every_rank_of_a_huge_world_is_refused_before_tracing(tmp_path, capsys):
     script.write_text("raise AssertionError('must not run')\n")
     assert main(["estimate", str(script), "--world-size", "100000", "--rank", "all"]) == 2
     assert "100,000 traces" in capsys.readouterr().err
+
+
+_KEY = "forward|float32|1x3x8x8|4x3x3x3|1x1|1x1|1x1|N|0x0|1|c|any|tf32"
+_size = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                  st.text(max_size=4), st.none(), st.lists(st.integers(), max_size=2))
+
+
+@FAST
+@given(st.one_of(
+    st.fixed_dictionaries({"tables": st.lists(st.fixed_dictionaries({
+        "compute_capability": st.one_of(st.just([8, 0]), _json_value), "gpu": st.one_of(st.just("x"), _json_value),
+        "bytes": st.one_of(st.dictionaries(st.just(_KEY), _size, max_size=1), _json_value)}), max_size=2)}),
+    _json_value), st.integers(0, 3000))
+def test_cudnn_tables_never_crash(tmp_path_factory, table, depth):
+    # issue #36: types, huge and negative sizes, and nesting depth in XMEM_CUDNN_WORKSPACES
+    from xmem_engine.gpus.cudnn import WorkspaceTableError, check_setting
+
+    f = tmp_path_factory.mktemp("cudnn") / "t.json"
+    text = json.dumps(table)
+    f.write_text("[" * depth + text + "]" * depth)
+    try:
+        tables = check_setting({"XMEM_CUDNN_WORKSPACES": str(f)})
+    except WorkspaceTableError:
+        return
+    for t in tables:
+        assert all(type(v) is int and 0 <= v <= 1 << 50 for v in t.bytes.values())
+
+
+@FAST
+@given(st.integers(1, 5000), st.sampled_from(["[", "{x = "]))
+def test_catalog_nesting_never_crashes(tmp_path_factory, depth, opener):
+    closer = "]" if opener == "[" else "}"
+    f = tmp_path_factory.mktemp("cat") / "gpus.toml"
+    f.write_text("[gpus.X]\naliases = " + opener * depth + closer * depth + "\n")
+    try:
+        load_catalog(f)
+    except GPUCatalogError:
+        pass

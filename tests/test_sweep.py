@@ -222,6 +222,22 @@ def test_unreadable_script_and_missing_ray_exit_2(tiny, tmp_path, monkeypatch, c
     assert "pip install 'xmem[ray]'" in capsys.readouterr().err
 
 
+def test_a_ray_cluster_that_does_not_start_is_said_with_what_to_do(tiny, tmp_path, monkeypatch, capsys):
+    # issue #36 item 6: a local head too slow to start gave Ray's own exception and traceback
+    ray = pytest.importorskip("ray")
+
+    def slow_head(*args, **kwargs):
+        raise TimeoutError("Timed out after 60 seconds waiting for the GCS to start")
+
+    monkeypatch.setattr(ray, "init", slow_head)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", tiny, "--engine", "ray", "--gpu", "T4", "--out", "r.csv", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "the local Ray cluster did not start: TimeoutError" in err and "--engine local" in err
+    assert "Traceback" not in err
+
+
 def test_ctrl_c_keeps_finished_rows_and_stops_the_workers(tmp_path):
     script = tmp_path / "slow.py"
     script.write_text("import time\nimport torch\nbatch = 1\ntime.sleep(1)\nx = torch.ones(batch, device='cuda')\n")
@@ -369,3 +385,16 @@ def test_resume_after_an_open_quoted_field(serial_rows, tmp_path):
     assert len(again.rows) == 1 and again.dropped == 1
     again.append(ok[1:])
     assert len(Output(str(path), Row, ["batch"]).rows) == 2
+
+
+def test_each_point_starts_in_the_sweeps_folder_and_environment(tmp_path, monkeypatch):
+    # issue #36 item 5: a point that changed folder made the next point's relative open() fail
+    script = tmp_path / "moves.py"
+    script.write_text("import os, torch\nbatch = 1\nassert open('data.txt').read() == 'ok'\n"
+                      "assert 'XMEM_TEST_LEAK' not in os.environ\n"
+                      "os.environ['XMEM_TEST_LEAK'] = '1'\nos.chdir('/')\nx = torch.ones(batch, device='cuda')\n")
+    (tmp_path / "data.txt").write_text("ok")
+    monkeypatch.chdir(tmp_path)
+    rows = sweep(str(script), ["T4"], {"batch": ["1", "2", "3"]}, engine="serial")
+    assert [r.status for r in rows] == ["ok"] * 3, [r.error for r in rows]
+    assert os.getcwd() == str(tmp_path) and "XMEM_TEST_LEAK" not in os.environ

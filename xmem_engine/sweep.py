@@ -391,9 +391,12 @@ def _run_ray(units: list[Unit], address: str | None, emit: Emit) -> None:
     if ours:
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as e:  # nothing there, a wrong token, a bad address
-            raise SweepInputError(f"cannot connect to the Ray cluster{' at ' + address if address else ''}: "
-                                  f"{type(e).__name__}: {str(e).strip().splitlines()[0]}") from None
+        except Exception as e:  # nothing there, a wrong token, a bad address, a local head slow to start
+            what = f"cannot connect to the Ray cluster at {address}" if address else "the local Ray cluster did not start"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise SweepInputError(
+                f"{what}: {type(e).__name__}: {first}. Start one with `ray start --head` and pass --address auto "
+                f"(or ray://HOST:10001 for a remote one), or sweep on this machine's cores with --engine local") from None
     try:
         task = ray.remote(num_cpus=1, max_retries=1)(run_unit)
         refs = {task.remote(replace(u, threads=1)): u for u in units}
