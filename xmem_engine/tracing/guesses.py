@@ -106,6 +106,29 @@ class _Maker:
 _LEAF = object()
 
 
+def _leaves(args: tuple, kwargs: dict) -> Iterator[Any]:
+    """The leaves of an ATen op's arguments: a Tensor[] is a list, nothing nests deeper.
+
+    Why not pytree: ``after_op`` runs for every op, and while ``generate()`` decodes, every
+    activation is small enough to be remembered; ``tree_flatten`` and ``tree_map`` were 2.2 s
+    of the 2.9 s it took for 16 new tokens on a 1.2B Llama (22,000 ops)."""
+    for x in (*args, *kwargs.values()):
+        if type(x) in (list, tuple):
+            yield from x
+        else:
+            yield x
+
+
+def _map(fn: Callable[[Any], Any], x: Any) -> Any:
+    """``tree_map`` for an op's arguments (tuples, lists and dicts of leaves), as cheap as it gets."""
+    t = type(x)
+    if t is tuple or t is list:
+        return t(_map(fn, v) for v in x)
+    if t is dict:
+        return {k: _map(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
 class _Ref:
     """An op's tensor input, held weakly, with what is known of its value at the time
     (a known or last known storage, or the op that made it), so that a temporary
@@ -203,7 +226,7 @@ class Guesses:
         known = self.shadows.by_storage
         if any(k in known or k in self.producers for k in keys):
             return  # known, or a view of a storage whose maker is remembered
-        for x in tree_flatten((args, kwargs))[0]:
+        for x in _leaves(args, kwargs):
             if isinstance(x, torch.Tensor):
                 st = x.untyped_storage()
                 if st._cdata in keys:
@@ -220,7 +243,7 @@ class Guesses:
 
         if len(outs) == 1 and self._unequal(func, args, kwargs, outs[0], keys[0]):
             return
-        weak_args, weak_kwargs = tree_map(weak, args), tree_map(weak, kwargs)
+        weak_args, weak_kwargs = _map(weak, args), _map(weak, kwargs)
         for i, (o, key) in enumerate(zip(outs, keys)):
             self.producers[key] = _Maker(func, weak_args, weak_kwargs, i)
             self._watch(o.untyped_storage(), key)
@@ -318,7 +341,7 @@ class Guesses:
             return r if r is not None else _ones(x, x.nbytes)
 
         try:
-            args, kwargs = tree_map(resolve, maker.args), tree_map(resolve, maker.kwargs)
+            args, kwargs = _map(resolve, maker.args), _map(resolve, maker.kwargs)
             with bare():
                 out = maker.func(*args, **kwargs)
         except Exception:  # the real kernel refuses the stand-ins: the value is a leaf
