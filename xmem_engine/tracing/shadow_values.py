@@ -69,7 +69,7 @@ class Shadows:
     def real(self, t: torch.Tensor) -> torch.Tensor | None:
         """The real tensor behind fake ``t`` (same sizes, strides and offset), or None."""
         st = self.by_storage.get(t.untyped_storage()._cdata)
-        if st is None:
+        if st is None or st.device.type != "cpu":  # (a wrapper subclass's inner storage is no value)
             return None
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
