@@ -144,6 +144,7 @@ def test_os_exit_keeps_the_exit_contract_and_atexit_output_stays_off_the_json(tm
     script.write_text(body + "os._exit(7)\n")
     code, out, _ = run(capsys, "estimate", str(script), "--json")
     assert code == 1 and json.loads(out)["script_exit_status"] == 7
+    assert "ended the process with os._exit(7)" in json.loads(out)["message"]
     import atexit
 
     before = atexit._ncallbacks()

@@ -137,7 +137,10 @@ def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
             message += f"; {hint}"
         raise ScriptFailed(message) from None
     except SystemExit as e:
-        message = f"{script} exited with status {e.code}"
+        from xmem_engine.tracing.patches import ProcessExit
+
+        how = f"ended the process with os._exit({e.code})" if isinstance(e, ProcessExit) else f"exited with status {e.code}"
+        message = f"{script} {how}"
         print(f"xmem {command}: {message}", file=sys.stderr)
         raise ScriptFailed(message, status=e.code) from None
 
