@@ -139,3 +139,21 @@ def test_a_transformers_model_is_checkpointed_its_own_way(tmp_path):
     assert ckpt.change.startswith("model.gradient_checkpointing_enable(")
     assert ckpt.peak_device_bytes < 0.7 * advice.baseline.peak_device_bytes
     assert json.loads(json.dumps(advice.to_json()))["levers"][6]["change"] == ckpt.change
+
+
+def test_a_warning_of_the_script_is_shown_once_not_once_per_lever(tmp_path):
+    # issue #35 item 6: every lever re-runs the script, and its own warning came 7 times
+    import warnings
+
+    script = tmp_path / "warns.py"
+    script.write_text("import torch, warnings\nwarnings.warn('from the script itself')\n"
+                      "model = torch.nn.Linear(64, 64).cuda()\nopt = torch.optim.Adam(model.parameters())\n"
+                      "for _ in range(2):\n    model(torch.randn(8, 64, device='cuda')).sum().backward()\n"
+                      "    opt.step()\n    opt.zero_grad()\n")
+    shown = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *a, **k: shown.append(str(message))
+        advice = advise(str(script), GPU)
+    assert len(advice.levers) > 3  # the script ran once per lever
+    assert shown.count("from the script itself") == 1, shown

@@ -457,9 +457,32 @@ def applied(chosen: list[Lever], gpu: GPU) -> Iterator[dict]:
             info.update({k: v for st in states if isinstance(st, dict) for k, v in st.items()})
 
 
-def measure(run: Runner, target: GPU, *, batch_var: str | None = None, batch: int | None = None,
-            alloc_conf: str = "", base: Estimate | None = None, torch_version: str | None = None,
-            progress: Callable[[str], None] | None = None) -> Advice:
+def measure(run: Runner, target: GPU, **kwargs: Any) -> Advice:
+    """Every lever through ``run``, then the cheapest combination that fits (:func:`_measure`,
+    its keyword arguments). Each lever re-runs the script: a warning it gives is shown once,
+    not once per lever (issue #35: a cell's own warning came 7 times)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.showwarning = _shown_once(warnings.showwarning)
+        return _measure(run, target, **kwargs)
+
+
+def _shown_once(show: Callable[..., None]) -> Callable[..., None]:
+    seen: set[tuple] = set()
+
+    def once(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        key = (str(message), category, filename, lineno)
+        if key not in seen:
+            seen.add(key)
+            show(message, category, filename, lineno, file, line)
+
+    return once
+
+
+def _measure(run: Runner, target: GPU, *, batch_var: str | None = None, batch: int | None = None,
+             alloc_conf: str = "", base: Estimate | None = None, torch_version: str | None = None,
+             progress: Callable[[str], None] | None = None) -> Advice:
     """Every lever through ``run``, then the cheapest combination that fits. ``base`` is the
     step as written when the caller has it already (the notebook's widget does)."""
     def say(msg: str) -> None:
