@@ -157,3 +157,27 @@ def test_a_warning_of_the_script_is_shown_once_not_once_per_lever(tmp_path):
         advice = advise(str(script), GPU)
     assert len(advice.levers) > 3  # the script ran once per lever
     assert shown.count("from the script itself") == 1, shown
+
+
+@pytest.mark.parametrize("knobs, expected", [
+    ({"batch_size": 32, "lr": 3e-4}, "batch_size"), ({"bs": 8}, "bs"), ({"batch": 16, "epochs": 3}, "batch"),
+    ({"batch": 16, "batch_size": 32}, None),  # two: the user says which (--batch-var)
+    ({"batch_size": 0}, None), ({"batch_size": True}, None), ({"batch_size": "32"}, None), ({"width": 64}, None)])
+def test_the_batch_variable_is_inferred_only_from_one_obvious_name(knobs, expected):
+    from xmem_engine.advisor import infer_batch_var
+
+    assert infer_batch_var(knobs) == expected
+
+
+def test_cli_advise_infers_the_batch_variable_and_says_so(tmp_path, capsys):
+    from xmem_engine.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nbatch = 16\nmodel = torch.nn.Linear(256, 256).cuda()\n"
+                      "opt = torch.optim.Adam(model.parameters())\nfor _ in range(2):\n"
+                      "    model(torch.randn(batch, 256, device='cuda')).sum().backward()\n"
+                      "    opt.step()\n    opt.zero_grad()\n")
+    assert main(["advise", str(script), "--gpu", "T4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["batch_var"] == "batch" and out["batch"] == 16 and out["batch_var_inferred"] is True
+    assert any(lv["lever"] == "gradient accumulation x2" for lv in out["levers"])

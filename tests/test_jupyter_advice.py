@@ -86,6 +86,18 @@ def test_advise_flag_puts_the_levers_in_the_widget_and_the_report(ip, shown):
     assert ip.user_ns["batch"] == 128 and "model" not in ip.user_ns
 
 
+def test_advise_without_batch_var_takes_the_cells_batch_and_says_so(ip, shown):
+    # issue #35 item 3: a cell assigning `batch = ...` got no accumulation or smaller-batch lever
+    res = ip.run_cell(f"%%xmem --gpu {GPU} --advise\n" + DEEP)
+    assert res.success, res.error_in_exec
+    (bundle,) = [b for b in shown["shown"] if REPORT_MIME in b]
+    advice = bundle[REPORT_MIME]["advice"]
+    jsonschema.validate(bundle[REPORT_MIME], SCHEMA)
+    assert advice["batch_var"] == "batch" and advice["batch_var_inferred"] is True
+    assert "gradient accumulation x2" in {lv["lever"] for lv in advice["levers"]}
+    assert "the one batch-size name the cell assigns" in bundle["text/html"]
+
+
 def test_the_panel_measures_on_request_and_shows_a_lever_on_the_charts(ip, shown):
     res = ip.run_cell(f"%%xmem --gpu {GPU} --batch-var batch\n" + DEEP)
     assert res.success, res.error_in_exec

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -83,12 +84,13 @@ class Advice:
     batch_var: str | None = None
     batch: int | None = None
     combination_estimate: Estimate | None = field(default=None, repr=False)
+    batch_var_inferred: bool = False  # found by its name (:func:`infer_batch_var`), not given
 
     def to_json(self) -> dict:
         b = self.baseline
         return {"gpu": b.gpu, "gpu_name": b.gpu_name, "capacity_bytes": b.capacity_bytes,
                 "peak_device_bytes": b.peak_device_bytes, "fits": b.fits, "alloc_conf": self.alloc_conf,
-                "batch_var": self.batch_var, "batch": self.batch,
+                "batch_var": self.batch_var, "batch": self.batch, "batch_var_inferred": self.batch_var_inferred,
                 "levers": [m.to_json() for m in self.levers],
                 "combination": self.combination, "combination_peak_bytes": self.combination_peak_bytes}
 
@@ -96,8 +98,11 @@ class Advice:
         b, gib = self.baseline, 1 << 30
         setting = [f"{self.batch_var} = {self.batch}"] if self.batch_var and self.batch else []
         setting += [f"PYTORCH_CUDA_ALLOC_CONF={self.alloc_conf}"] if self.alloc_conf else []
-        lines = [b.headline + (f" ({', '.join(setting)})" if setting else ""), "",
-                 f"{'lever':38s} {'peak':>10s}  {'':30s} cost"]
+        lines = [b.headline + (f" ({', '.join(setting)})" if setting else "")]
+        if self.batch_var_inferred:
+            lines.append(f"(the batch size: {self.batch_var}, the one batch-size name the code assigns; "
+                         "--batch-var to name another)")
+        lines += ["", f"{'lever':38s} {'peak':>10s}  {'':30s} cost"]
         for m in self.levers:
             if m.error:
                 peak, verdict = "", f"not measured: {m.error}"
@@ -369,6 +374,18 @@ def set_to_none_patch(gpu: GPU) -> Iterator[None]:
         yield
 
 
+#: names a batch size goes by in training scripts and notebooks, most specific first
+BATCH_NAMES = ("batch_size", "batch", "bs", "train_batch_size", "micro_batch_size", "mini_batch_size")
+
+
+def infer_batch_var(knobs: dict[str, Any]) -> str | None:
+    """The batch-size variable, when the code assigns exactly one of :data:`BATCH_NAMES` a
+    positive integer (``knobs``: its top-level literals): without one, the advisor cannot try
+    gradient accumulation or a smaller batch, the levers a student needs most (issue #35)."""
+    found = [n for n in BATCH_NAMES if type(knobs.get(n)) is int and knobs[n] >= 1]
+    return found[0] if len(found) == 1 else None
+
+
 def levers(gpu: GPU, batch_var: str | None) -> list[Lever]:
     """The levers, cheapest first (cost: what the change does to speed or training)."""
     half = "bfloat16" if _half(gpu) == torch.bfloat16 else "float16"
@@ -428,6 +445,16 @@ def advise(path: str, gpu: str | GPU, *, batch_var: str | None = None, overrides
     target = resolve_gpu(gpu)
     overrides = dict(overrides or {})
     batch = None
+    inferred = False
+    if batch_var is None:
+        import ast
+
+        from xmem_engine.overrides import top_level_literals
+
+        knobs = top_level_literals(ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path)))
+        knobs.update({k: int(v) for k, v in overrides.items() if v.isdigit()})
+        batch_var = infer_batch_var(knobs)
+        inferred = batch_var is not None
     if batch_var:
         batch = int(overrides[batch_var]) if batch_var in overrides else top_level_value(path, batch_var)
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
@@ -440,8 +467,10 @@ def advise(path: str, gpu: str | GPU, *, batch_var: str | None = None, overrides
                               torch_version=torch_version)
         return estimate_trace(tr, target, conf or None, torch_version=torch_version), info
 
-    return measure(run, target, batch_var=batch_var, batch=batch, alloc_conf=alloc_conf,
-                   torch_version=torch_version, progress=progress)
+    advice = measure(run, target, batch_var=batch_var, batch=batch, alloc_conf=alloc_conf,
+                     torch_version=torch_version, progress=progress)
+    advice.batch_var_inferred = inferred
+    return advice
 
 
 @contextlib.contextmanager

@@ -65,6 +65,9 @@ def advice_html(advice: Advice) -> str:
     head = (f"<b>What would make it fit {escape(b.gpu_name)}</b> ({human(b.capacity_bytes)}): the step as "
             f"written peaks at {human(b.peak_device_bytes)}" + (f" ({escape(', '.join(setting))})" if setting else "")
             + "; each change below was applied to this step and estimated again")
+    if advice.batch_var_inferred:
+        head += (f" (the batch size is <code>{escape(str(advice.batch_var))}</code>, the one batch-size name the "
+                 "cell assigns; <code>--batch-var</code> names another)")
     if b.fits:
         verdict = "The step fits already; the table shows what each change would save."
     elif advice.combination:

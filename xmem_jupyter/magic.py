@@ -177,6 +177,10 @@ class XmemMagics(Magics):
                 session.world = World(args.world_size, args.rank or 0)
             except ValueError as e:
                 raise UsageError(f"--world-size / --rank: {e}") from None
+        inferred = False
+        if args.advise and not args.batch_var:  # the one batch-size name the cell assigns, if any
+            args.batch_var = _inferred_batch_var(source)
+            inferred = args.batch_var is not None
         if args.max_batch and not args.batch_var:
             raise UsageError("--max-batch needs --batch-var VAR (the variable that holds the batch size)")
         if args.batch_var:
@@ -214,6 +218,7 @@ class XmemMagics(Magics):
                     say = None if progress is None else \
                         (lambda m: progress.start(f"what would make it fit: measuring {m}:"))
                     advice = advise_cell(session, gpus[0], base=est, progress=say)
+                    advice.batch_var_inferred = inferred
             except KeyboardInterrupt:
                 raise KeyboardInterrupt("xmem: tracing interrupted; the namespace is as it was") from None
             except SyntaxError as e:  # the cell's line and caret only: nothing of xmem ran it
@@ -285,3 +290,16 @@ class XmemMagics(Magics):
             cfg.alloc_conf = args.alloc_conf
         print(cfg.describe())
 
+
+def _inferred_batch_var(source: str) -> str | None:
+    """``--advise`` without ``--batch-var``: the cell's batch-size variable, when it assigns
+    exactly one of the usual names (``advisor.infer_batch_var``) an integer literal."""
+    import ast
+
+    from xmem_engine.advisor import infer_batch_var
+    from xmem_engine.overrides import top_level_literals
+
+    try:
+        return infer_batch_var(top_level_literals(ast.parse(source)))
+    except SyntaxError:
+        return None  # the trace says where, as for any cell
