@@ -96,18 +96,22 @@ def _run(args) -> int:
             _check_environment()
             return args.func(args)
         except KeyboardInterrupt:
-            raise Interrupted(f"xmem {args.command}: interrupted (Ctrl-C); nothing was written after it") from None
+            raise _said(args, Interrupted("interrupted (Ctrl-C); nothing was written after it")) from None
         except MemoryError:
-            raise HostMemoryShort(f"xmem {args.command}: this machine ran out of host memory; "
-                                  "nothing was changed. Free memory, or estimate in fake mode (--mode fake)") from None
+            raise _said(args, HostMemoryShort("this machine ran out of host memory; nothing was changed. "
+                                              "Free memory, or estimate in fake mode (--mode fake)")) from None
     except CLIError as e:
-        if isinstance(e, (Interrupted, HostMemoryShort, OutputFailed)):
-            print(f"xmem {args.command}: {e}" if not str(e).startswith("xmem ") else str(e), file=sys.stderr)
         if isinstance(e, InputError):
             print(f"xmem {args.command}: error: {e}", file=sys.stderr)
         if getattr(args, "json", False):  # stdout still carries one JSON object
             _print_json(e.json())
         return e.code
+
+
+def _said(args, err: CLIError) -> CLIError:
+    """``err``, after saying it on stderr (as the script's failures are said where they are raised)."""
+    print(f"xmem {args.command}: {err}", file=sys.stderr)
+    return err
 
 
 def _in_child(run, args) -> int:
@@ -137,12 +141,7 @@ def _in_child(run, args) -> int:
     interrupted = []
     old = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
-        while True:
-            try:
-                _, status = os.waitpid(pid, 0)
-                break
-            except InterruptedError:  # pragma: no cover - PEP 475 retries waitpid itself
-                continue
+        _, status = os.waitpid(pid, 0)  # (a signal handler that returns: PEP 475 retries the wait)
         answer = os.read(read_end, 1)
     finally:
         signal.signal(signal.SIGINT, old)
@@ -150,7 +149,7 @@ def _in_child(run, args) -> int:
     if answer:
         return answer[0]
     if interrupted:
-        err: CLIError = Interrupted(f"xmem {args.command}: interrupted (Ctrl-C)")
+        err: CLIError = Interrupted("interrupted (Ctrl-C)")
     elif os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
@@ -160,7 +159,7 @@ def _in_child(run, args) -> int:
     else:
         err = ScriptFailed(f"the script ended the process with status {os.WEXITSTATUS(status)} before "
                            "xmem could answer", status=os.WEXITSTATUS(status))
-    print(f"xmem {args.command}: {err}", file=sys.stderr)
+    _said(args, err)
     if getattr(args, "json", False):
         _print_json(err.json())
     return err.code
@@ -543,9 +542,9 @@ def _cmd_estimate(args) -> int:
 
             dump_snapshot(simulated_snapshot(est), args.snapshot)
     except OSError as e:
-        raise OutputFailed(f"cannot write {writing}: {e.strerror or e}; the estimate was "
-                           f"made: {est.summary().splitlines()[0] if est else ''}",
-                           est.to_json() if est is not None else None) from None
+        raise _said(args, OutputFailed(f"cannot write {writing}: {e.strerror or e}; the estimate was "
+                                       f"made: {est.summary().splitlines()[0] if est else ''}",
+                                       est.to_json() if est is not None else None)) from None
     if search is not None:
         out = {"variable": args.max_batch, "max_value": search.value if not search.unbounded else None,
                "at_least": search.value, "unbounded": search.unbounded or None, "search_limit": search.limit,
