@@ -187,12 +187,7 @@ class Output:
                     raise OutputError(
                         f"--out {self.path} holds another sweep's rows (columns {', '.join(reader.fieldnames)}); "
                         "give another file, or --force to start it over")
-                try:
-                    records = [r if None not in r else None for r in reader]  # None: more cells than columns
-                except csv.Error:  # an open quoted field at the end of the file
-                    records = []
-                    fh.seek(0)
-                    records = self._csv_until_broken(fh)
+                records = _csv_records(reader)
             return records, len(records)
         if self.format == "jsonl":
             records = []
@@ -208,18 +203,6 @@ class Output:
 
         records = pq.read_table(self.path).to_pylist()
         return records, len(records)
-
-    def _csv_until_broken(self, fh: Any) -> list[Any]:
-        out: list[Any] = []
-        reader = csv.DictReader(fh)
-        while True:
-            try:
-                r = next(reader)
-            except StopIteration:
-                return out
-            except csv.Error:
-                return out + [None]
-            out.append(r if None not in r else None)
 
     # ------------------------------------------------------------------ writing
     def append(self, rows: list[Any]) -> None:
@@ -260,6 +243,20 @@ class Output:
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, self.path)
+
+
+def _csv_records(reader: csv.DictReader) -> list[Any]:
+    """The reader's rows; None for one with more cells than columns, and one None for the rest
+    of the file once a quoted field is left open (a write cut short)."""
+    out: list[Any] = []
+    while True:
+        try:
+            r = next(reader)
+        except StopIteration:
+            return out
+        except csv.Error:
+            return out + [None]
+        out.append(r if None not in r else None)
 
 
 def _jsonable(row: Any) -> dict[str, Any]:
