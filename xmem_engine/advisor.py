@@ -386,6 +386,21 @@ def infer_batch_var(knobs: dict[str, Any]) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
+def batch_var_in(source: str, overrides: dict[str, str] | None = None) -> str | None:
+    """:func:`infer_batch_var` of a script's or cell's source, with ``--set`` values applied
+    (None for source that does not parse: the trace says where)."""
+    import ast
+
+    from xmem_engine.overrides import top_level_literals
+
+    try:
+        knobs = top_level_literals(ast.parse(source))
+    except SyntaxError:
+        return None
+    knobs.update({k: int(v) for k, v in (overrides or {}).items() if v.isdigit()})
+    return infer_batch_var(knobs)
+
+
 def levers(gpu: GPU, batch_var: str | None) -> list[Lever]:
     """The levers, cheapest first (cost: what the change does to speed or training)."""
     half = "bfloat16" if _half(gpu) == torch.bfloat16 else "float16"
@@ -447,13 +462,7 @@ def advise(path: str, gpu: str | GPU, *, batch_var: str | None = None, overrides
     batch = None
     inferred = False
     if batch_var is None:
-        import ast
-
-        from xmem_engine.overrides import top_level_literals
-
-        knobs = top_level_literals(ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path)))
-        knobs.update({k: int(v) for k, v in overrides.items() if v.isdigit()})
-        batch_var = infer_batch_var(knobs)
+        batch_var = batch_var_in(Path(path).read_text(encoding="utf-8"), overrides)
         inferred = batch_var is not None
     if batch_var:
         batch = int(overrides[batch_var]) if batch_var in overrides else top_level_value(path, batch_var)

@@ -15,6 +15,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
+from xmem_engine.advisor import batch_var_in
 from xmem_engine.gpus import UnknownGPUError, get_gpu, load_catalog
 from xmem_engine.trace import MODES
 from xmem_engine.tracing import strip_to_user_code
@@ -179,7 +180,7 @@ class XmemMagics(Magics):
                 raise UsageError(f"--world-size / --rank: {e}") from None
         inferred = False
         if args.advise and not args.batch_var:  # the one batch-size name the cell assigns, if any
-            args.batch_var = _inferred_batch_var(source)
+            args.batch_var = batch_var_in(source)
             inferred = args.batch_var is not None
         if args.max_batch and not args.batch_var:
             raise UsageError("--max-batch needs --batch-var VAR (the variable that holds the batch size)")
@@ -290,16 +291,3 @@ class XmemMagics(Magics):
             cfg.alloc_conf = args.alloc_conf
         print(cfg.describe())
 
-
-def _inferred_batch_var(source: str) -> str | None:
-    """``--advise`` without ``--batch-var``: the cell's batch-size variable, when it assigns
-    exactly one of the usual names (``advisor.infer_batch_var``) an integer literal."""
-    import ast
-
-    from xmem_engine.advisor import infer_batch_var
-    from xmem_engine.overrides import top_level_literals
-
-    try:
-        return infer_batch_var(top_level_literals(ast.parse(source)))
-    except SyntaxError:
-        return None  # the trace says where, as for any cell

@@ -260,7 +260,7 @@ def paged_buffer(tracer: Any) -> Callable:
         out.is_paged = True
         out._xmem_paged = True
         out.page_deviceid = getattr(device, "index", None) or 0
-        tracer.managed_bytes = getattr(tracer, "managed_bytes", 0) + out.numel() * out.element_size()
+        tracer.managed_bytes += out.numel() * out.element_size()
         note = MANAGED_NOTE.format(size=f"{tracer.managed_bytes / 2**20:,.1f} MiB")
         tracer.notes[:] = [n for n in tracer.notes if not n.startswith(MANAGED_HEADLINE)] + [note]
         return out

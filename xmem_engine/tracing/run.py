@@ -248,16 +248,14 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
                         tracer.register_root(v, k)
             try:
                 with ScriptEnd() as script_end:  # os._exit and atexit kept inside the trace
+                    os_exit = False
                     try:
                         run_user_code(code, scratch)
-                    except ProcessExit as e:  # ``os._exit(0)``: ended without its atexit handlers
+                    except SystemExit as e:  # ``sys.exit(main())`` at the end of a script, or ``os._exit``
                         if e.code not in (None, 0):
                             raise
-                    except SystemExit as e:  # ``sys.exit(main())`` at the end of a script
-                        if e.code not in (None, 0):
-                            raise
-                        script_end.run_handlers()
-                    else:
+                        os_exit = isinstance(e, ProcessExit)
+                    if not os_exit:  # os._exit ends a process without its atexit handlers
                         script_end.run_handlers()
             except StopTracing:
                 pass
@@ -292,7 +290,7 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
         meta["world"] = world.as_json()
     if tracer.real_ops:
         meta["real_ops"] = dict(tracer.real_ops)  # fake mode: these ran for real, one call at a time
-    if getattr(tracer, "managed_bytes", 0):  # paged optimizer states (bitsandbytes_shim.py)
+    if tracer.managed_bytes:  # paged optimizer states (bitsandbytes_shim.py)
         meta["managed_bytes"] = tracer.managed_bytes
     notes = list(tracer.notes)
     made = tracer.guesses.guesses() if tracer.guesses is not None else []

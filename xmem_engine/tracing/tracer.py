@@ -143,6 +143,8 @@ class Tracer:
         self.notes: list[str] = []  # what the estimate should tell about how this run was traced
         self.torch_target: tuple[int, int] | None = None  # the GPU run's PyTorch, when not this one
         self.real_ops: dict[str, int] = {}  # fake mode: ops run for real (no fake kernel), by name
+        # unified memory outside the caching allocator (bitsandbytes' paged optimizer states)
+        self.managed_bytes = 0
         self.module_types: dict[str, str] = {}  # module path -> class name ("layers.0.mlp.fc1" -> "Linear")
         self._next_id = 0
         self._param_module: dict[int, str] = {}  # id(parameter) -> path of the module owning it
