@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.abc
-import importlib.machinery
 import sys
 from typing import Any, Callable, Iterator
 
@@ -322,42 +320,12 @@ def install(stack: contextlib.ExitStack, tracer: Any) -> None:
     stack.enter_context(patched_item(BOUNDS, "bitsandbytes.int8_mixed_scaled_mm.default", int8_mixed_bound))
 
 
-class _OnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs ``then`` once the module ``name`` has been imported (its loader wrapped): a finder
-    consulted only for modules not imported yet, so other imports pay a name comparison."""
-
-    def __init__(self, name: str, then: Callable[[], None]):
-        self.name, self.then, self.inner = name, then, None
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        self.inner = spec.loader
-        spec.loader = self
-        return spec
-
-    def create_module(self, spec: Any) -> Any:
-        return self.inner.create_module(spec)  # type: ignore[union-attr]
-
-    def exec_module(self, module: Any) -> None:
-        self.inner.exec_module(module)  # type: ignore[union-attr]
-        if self in sys.meta_path:  # once
-            sys.meta_path.remove(self)
-        self.then()
-
-
 @contextlib.contextmanager
 def bitsandbytes_on_gpu(tracer: Any) -> Iterator[None]:
     """For the trace's duration: bitsandbytes patched (:func:`install`) if it is imported, or as
     soon as the traced code imports it."""
+    from xmem_engine.tracing.patches import on_import
+
     with contextlib.ExitStack() as stack:
-        if "bitsandbytes.nn" in sys.modules:
-            install(stack, tracer)
-        else:
-            finder = _OnImport("bitsandbytes", lambda: install(stack, tracer))
-            sys.meta_path.insert(0, finder)
-            stack.callback(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
+        stack.enter_context(on_import(["bitsandbytes"], lambda module: install(stack, tracer)))
         yield

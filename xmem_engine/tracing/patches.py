@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -374,3 +374,65 @@ class ScriptEnd:
             except Exception:  # noqa: BLE001 - as atexit does: print, go on
                 print("Exception ignored in atexit callback", func, file=sys.stderr)
                 traceback.print_exc()
+
+
+@contextlib.contextmanager
+def on_import(names: Iterable[str], then: Callable[[Any], None]) -> Iterator[None]:
+    """``then(module)`` for each module of ``names``: now if it is imported, else right after
+    it is, while the block lasts. Why: a library the traced code imports lazily (Triton,
+    bitsandbytes) is patched as it loads, and a trace that never imports it pays nothing for
+    it (Triton costs a third of a second to import)."""
+    watched = frozenset(names)
+    for name in watched:
+        if name in sys.modules:
+            then(sys.modules[name])
+    hook = _ImportHook(watched, then)
+    sys.meta_path.insert(0, hook)
+    try:
+        yield
+    finally:
+        hook.active = False
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(hook)
+
+
+class _ImportHook:
+    """A meta-path finder for the watched names only: it asks the finders after it for the
+    module's spec (site-packages, an editable install) and wraps its loader."""
+
+    def __init__(self, names: frozenset[str], then: Callable[[Any], None]):
+        self.names, self.then, self.active = names, then, True
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in self.names:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _ThenLoader(spec.loader, self)
+        return spec
+
+
+class _ThenLoader:
+    """A module's own loader, and ``then(module)`` once it has executed (if the block still lasts)."""
+
+    def __init__(self, loader: Any, hook: _ImportHook):
+        self.loader, self.hook = loader, hook
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        if self.hook.active:
+            self.hook.then(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename... for tracebacks
+        if name == "loader":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)

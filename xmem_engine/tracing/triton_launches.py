@@ -34,7 +34,6 @@ when the trace ends, the allocator the traced code gave ``triton.set_allocator``
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import os
 import sys
 from dataclasses import dataclass
@@ -491,20 +490,15 @@ _WRAPPERS = {"JITFunction": _jit_run, "InterpretedFunction": _jit_run, "Autotune
              "TraceableTritonKernelWrapper": _wrap_triton_call}
 
 
-class _Patcher(importlib.abc.MetaPathFinder):
-    """Patches Triton's classes for the trace: now if Triton is imported, else as its modules
-    load (Triton costs a third of a second to import: a trace that does not use it does not pay)."""
+class _Patcher:
+    """Triton's classes patched for the trace (as their modules load: ``patches.on_import``),
+    and put back exactly after."""
 
     def __init__(self, launches: Launches):
         self.launches = launches
         self.undo: list[tuple[type, str, Any, bool]] = []
 
-    def patch_loaded(self) -> None:
-        for module in _TARGETS:
-            if module in sys.modules:
-                self._patch(sys.modules[module])
-
-    def _patch(self, module: Any) -> None:
+    def patch(self, module: Any) -> None:
         cls_name, method = _TARGETS[module.__name__]
         cls = getattr(module, cls_name, None)
         if cls is None or any(c is cls for c, *_ in self.undo):
@@ -523,55 +517,21 @@ class _Patcher(importlib.abc.MetaPathFinder):
                     delattr(cls, method)
         self.undo.clear()
 
-    # importlib: wrap the loader of the watched modules so that they are patched once executed
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name not in _TARGETS:
-            return None
-        spec = None
-        for finder in sys.meta_path:  # the finder that would load it (site-packages, an editable install)
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None
-        spec.loader = _PatchingLoader(spec.loader, self)
-        return spec
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, patcher: _Patcher):
-        self.loader, self.patcher = loader, patcher
-
-    def create_module(self, spec: Any) -> Any:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.loader.exec_module(module)
-        if self.patcher in sys.meta_path:  # the trace is still running
-            self.patcher._patch(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename... for tracebacks
-        if name == "loader":  # not set yet (a copy being built): no recursion
-            raise AttributeError(name)
-        return getattr(self.loader, name)
-
 
 @contextlib.contextmanager
 def triton_launches(tracer: Any) -> Iterator[Launches]:
     """For the trace's duration: Triton launches on the trace's tensors are counted and their
     arguments treated as written, with no driver; the notes name each kernel."""
+    from xmem_engine.tracing.patches import on_import
+
     launches = Launches(tracer)
     patcher = _Patcher(launches)
-    patcher.patch_loaded()
     allocation = sys.modules.get("triton.runtime._allocation")
     allocator = allocation._allocator.get() if allocation is not None else None
-    sys.meta_path.insert(0, patcher)
     try:
-        yield launches
+        with on_import(_TARGETS, patcher.patch):
+            yield launches
     finally:
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(patcher)
         patcher.unpatch()
         _restore_allocator(allocator)
         tracer.notes.extend(launches.all_notes())
