@@ -62,28 +62,34 @@ from xmem_engine.tracing.frames import TORCH_DIR, XMEM_DIR, is_user_file, user_f
 from xmem_engine.tracing.patches import patched_attr
 
 
-class _TensorFinder(pickle.Pickler):
+class _Finder(pickle.Pickler):
     """Walks what ``pickle`` would walk (modules, optimizers, nested containers), collecting
-    tensors instead of writing them."""
+    the objects of one kind (tensors; kept tensors' descriptions) instead of writing them."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: type) -> None:
         super().__init__(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL)
-        self.tensors: list[torch.Tensor] = []
+        self.kind = kind
+        self.found: list[Any] = []
 
     def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            self.tensors.append(obj)
-            return len(self.tensors)
+        if isinstance(obj, self.kind):
+            self.found.append(obj)
+            return len(self.found)
         return None
 
 
-def _tensors(obj: Any) -> list[torch.Tensor] | None:
-    finder = _TensorFinder()
+def _found(obj: Any, kind: type) -> list[Any] | None:
+    """The objects of ``kind`` in ``obj``; None if pickle cannot walk it (nor could torch.save)."""
+    finder = _Finder(kind)
     try:
         finder.dump(obj)
     except Exception:  # something torch.save could not write either: let it say so
         return None
-    return finder.tensors
+    return finder.found
+
+
+def _tensors(obj: Any) -> list[torch.Tensor] | None:
+    return _found(obj, torch.Tensor)
 
 
 def _key(f: Any) -> Any:
@@ -230,27 +236,8 @@ class SavedTensor:
         return _nbytes(self.shape, self.dtype)
 
 
-class _SavedFinder(pickle.Pickler):
-    """The :class:`SavedTensor` descriptions in a kept object, found as pickle walks it."""
-
-    def __init__(self) -> None:
-        super().__init__(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL)
-        self.found: list[SavedTensor] = []
-
-    def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, SavedTensor):
-            self.found.append(obj)
-            return len(self.found)
-        return None
-
-
 def _saved_tensors(obj: Any) -> list[SavedTensor]:
-    finder = _SavedFinder()
-    try:
-        finder.dump(obj)
-    except Exception:
-        return []
-    return finder.found
+    return _found(obj, SavedTensor) or []
 
 
 @dataclass
