@@ -29,10 +29,13 @@ import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from xmem_engine.gpus.cuda_libraries import CONV_OP_PREFIXES as _CONV
 from xmem_engine.trace import ALLOC, Trace
+
+if TYPE_CHECKING:
+    from xmem_engine.gpus.fixed_memory import FixedMemory
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "data" / "calibration.json"
 KINDS = ("convolution", "recurrent", "attention", "other")
@@ -171,19 +174,42 @@ class PeakRange:
     runs: int  # calibration runs behind it
     alpha: float
     above_unseen: float | None = None  # measured share above the high end on models left out
+    # The fixed memory not measured on the target GPU (gpus/fixed_memory.py): how much lower and
+    # higher its parts may be, added to the step's calibrated spread; and which parts they are.
+    fixed_below_bytes: int = 0
+    fixed_above_bytes: int = 0
+    unmeasured: tuple[str, ...] = ()
+
+    @property
+    def step_low_bytes(self) -> int:
+        """The low end from the step's calibrated spread alone."""
+        return self.low_bytes + self.fixed_below_bytes
+
+    @property
+    def step_high_bytes(self) -> int:
+        """The high end from the step's calibrated spread alone."""
+        return self.high_bytes - self.fixed_above_bytes
 
     def describe(self) -> str:
         pooled = "" if self.group == self.kind else f" of other kinds: none of {self.kind} steps"
         checked = (f"; on models it had not seen, {self.above_unseen:.1%} of runs measured above it"
                    if self.above_unseen is not None else f"; {self.alpha:.0%} of runs should measure above it")
+        fixed = ""
+        if self.fixed_below_bytes or self.fixed_above_bytes:
+            fixed = (f"; plus -{self.fixed_below_bytes / 2**30:.2f}/+{self.fixed_above_bytes / 2**30:.2f} GiB for "
+                     f"fixed memory not measured on this GPU: {', '.join(self.unmeasured)}")
         return (f"range {self.low_bytes / 2**30:.2f}-{self.high_bytes / 2**30:.2f} GiB ({self.kind} step; "
-                f"calibrated on {self.runs} GPU runs{pooled}{checked})")
+                f"calibrated on {self.runs} GPU runs{pooled}{checked}{fixed})")
 
 
 def peak_range(trace: Trace, point_bytes: int, context_bytes: int,
-               calibration: Calibration | None = None) -> PeakRange | None:
+               calibration: Calibration | None = None, fixed: "FixedMemory | None" = None) -> PeakRange | None:
     """The calibrated range for a peak of ``point_bytes`` (context included), or None without a
-    calibration. The scores were measured without the context (what NVML adds over it)."""
+    calibration. The scores were measured without the context (what NVML adds over it).
+
+    ``fixed``: the step's fixed memory on the target GPU; what of it was not measured there
+    widens the range by its parts' own ranges, beyond the step's calibrated spread (the
+    calibration runs measured their GPUs' fixed memory: on them it adds nothing)."""
     cal = calibration if calibration is not None else load_calibration()
     if cal is None:
         return None
@@ -197,4 +223,9 @@ def peak_range(trace: Trace, point_bytes: int, context_bytes: int,
     low = context_bytes + max(0, round(body + lo * scale))
     high = context_bytes + max(0, round(body + hi * scale))
     above = (cal.checked or {}).get("above_high")
-    return PeakRange(min(low, point_bytes), max(high, point_bytes), kind, group, cal.runs[group], cal.alpha, above)
+    low, high = min(low, point_bytes), max(high, point_bytes)
+    if fixed is None:
+        return PeakRange(low, high, kind, group, cal.runs[group], cal.alpha, above)
+    below_f = min(fixed.below_bytes, low)
+    return PeakRange(low - below_f, high + fixed.above_bytes, kind, group, cal.runs[group], cal.alpha, above,
+                     below_f, fixed.above_bytes, tuple(p.what for p in fixed.unmeasured))

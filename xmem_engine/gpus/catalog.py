@@ -3,7 +3,9 @@
 The estimate depends on the target GPU in a few fixed ways: the memory the driver lets a
 process use (``total_memory_bytes``, the caching allocator's out-of-memory limit), the
 memory every CUDA process loses before its first tensor (``context_bytes``), the kernels a
-training step then loads outside the allocator (``kernel_bytes``), PyTorch's
+training step then loads outside the allocator (``kernel_bytes``; ``cudnn_bytes`` once cuDNN
+runs, ``nccl_bytes`` once a process group exists: see ``fixed_memory.py``), the driver's own
+reserve that NVML's total - free counts (``driver_reserved_bytes``), PyTorch's
 cuBLAS workspace per handle (32 MiB on Hopper/Blackwell, 8,519,680 B elsewhere), and the
 device properties user code reads through ``torch.cuda.get_device_properties``. Those
 figures live in ``data/gpus.toml`` with a source for each; users add or correct GPUs in
@@ -15,6 +17,10 @@ their own TOML file (same layout), found in this order:
 
 A user entry whose key names a catalog GPU overrides only the fields it sets (aliases are
 added to the catalog's); any other key adds a GPU and must set every required field.
+
+Each fixed-memory figure is measured on its GPU or not (its source starts ``estimated:`` or
+``assumed:``); an unmeasured one carries a ``<field>_range`` (given, or a default with its
+reason in :data:`DEFAULT_RANGE_SOURCES`) that the estimate's range adds to the step's own.
 
 Names are matched forgivingly (:func:`get_gpu`): case, spaces, ``-`` and ``_`` are ignored,
 a leading ``NVIDIA`` / ``GeForce`` / ``Tesla`` is dropped, ``40GB`` == ``40G``, and the
@@ -49,8 +55,16 @@ REQUIRED_FIELDS: dict[str, type] = {
     "cublas_workspace_bytes": int,
     "context_bytes": int,
 }
+#: The fixed memory of a training process beyond the bare CUDA context (see fixed_memory.py),
+#: and the driver's own reserve: each optional, each may carry a ``<field>_range`` of [low, high].
+PART_FIELDS = ("context_bytes", "kernel_bytes", "cudnn_bytes", "nccl_bytes", "driver_reserved_bytes")
+RANGE_FIELDS = tuple(f"{f}_range" for f in PART_FIELDS)
 OPTIONAL_FIELDS: dict[str, type] = {
     "kernel_bytes": int,
+    "cudnn_bytes": int,
+    "nccl_bytes": int,
+    "driver_reserved_bytes": int,
+    **{f: list for f in RANGE_FIELDS},
     "aliases": list,
     "nvidia_smi_memory_mib": int,
     "sources": dict,
@@ -62,17 +76,93 @@ NUMERIC_FIELDS = (
     "cublas_workspace_bytes",
     "context_bytes",
     "kernel_bytes",
+    "cudnn_bytes",
+    "nccl_bytes",
 )
 
-#: GPU kernels a training step loads on first use (PyTorch's own, cuBLAS, cuDNN: CUDA >= 11.7
-#: loads modules lazily), which nvidia-smi counts and the caching allocator never sees. The
+#: Source prefixes of a figure that was not measured on the GPU it describes: "estimated:" is
+#: derived from figures that were (another GPU's, a formula's), "assumed:" has no public figure
+#: behind it at all. Either way the estimate's range carries its uncertainty (fixed_memory.py).
+UNMEASURED_PREFIXES = ("estimated:", "assumed:")
+
+#: GPU kernels a training step loads on first use (PyTorch's own, cuBLAS / cuBLASLt's: CUDA >=
+#: 11.7 loads modules lazily), which nvidia-smi counts and the caching allocator never sees. The
 #: figure for a GPU without its own ``kernel_bytes``; how it was derived is in
 #: :data:`DEFAULT_KERNEL_SOURCE`.
 DEFAULT_KERNEL_BYTES = 54 << 20
 DEFAULT_KERNEL_SOURCE = (
-    "estimated: 54 MiB, measured on the RTX 3060 and RTX 4060 (see their entries) and applied "
-    "unchanged; kernel images differ by architecture, so treat it as +-10 MiB"
+    "estimated: 54 MiB, measured on the RTX 3060 and RTX 4060 (PyTorch 2.6.0 / CUDA 12.4, see their "
+    "entries) and applied unchanged; kernel images differ by architecture: the range allows half to three "
+    "times that (kernel_bytes_range)"
 )
+#: cuDNN's handle and the kernels of the engines a step runs, once a convolution, a recurrent layer,
+#: batch norm or cuDNN attention ran (fixed_memory.libraries_used).
+DEFAULT_CUDNN_BYTES = 0
+DEFAULT_CUDNN_SOURCE = (
+    "assumed: 0 B beyond the step's calibrated spread, as on the RTX 3060 and RTX 4060, whose convolutional "
+    "runs (xMem paper data, PyTorch 2.6.0 / CUDA 12.4 / cuDNN 9) show no common offset for cuDNN; no public "
+    "figure of cuDNN's device memory under lazy loading was found for any other GPU"
+)
+#: NCCL's communicator (buffers per channel and peer, outside PyTorch's allocator) once a process
+#: group of more than one rank exists.
+DEFAULT_NCCL_BYTES = 688 << 20
+DEFAULT_NCCL_SOURCE = (
+    "estimated: 688 MiB, https://github.com/NVIDIA/nccl/issues/964 (PyTorch, 4x A100 with NVLink, a 4 MB "
+    "all-reduce in each process group): 'for group with only 2 devices, it requires 544 MB. And for group "
+    "with more than 2 devices, it requires 688 MB'; NCCL's memory grows with channels, peers and algorithm "
+    "(https://github.com/NVIDIA/nccl/issues/986)"
+)
+
+#: The range an unmeasured part gets when its entry gives none (``<field>_range``): how far the
+#: figure may be off, and why. A measured part gets none: the calibrated spread of the runs that
+#: measured it already holds its variation.
+CONTEXT_SPREAD_BYTES = 170 << 20
+DEFAULT_RANGE_SOURCES = {
+    "context_bytes_range": (
+        "estimated: +-170 MiB, as far as public bare-context figures with lazy loading differ among "
+        "themselves: 256 MiB (RTX 3090, torch 2.7.1+cu128, https://github.com/invoke-ai/InvokeAI/issues/9413) "
+        "to 426 MiB (RTX 6000 Ada, torch 2.10.0+cu130, https://github.com/unslothai/unsloth-zoo/pull/1053); "
+        "torch 1.13 measured 287,047,680 B lazy and 666,632,192 B eager (https://github.com/pytorch/pytorch/pull/86509)"),
+    "kernel_bytes_range": (
+        "assumed: half to three times the figure: no measurement on this architecture (sm90 / sm100 cuBLASLt "
+        "kernels are not those of sm86 / sm89); well under the 362 MiB by which eager loading of all of "
+        "PyTorch's kernels exceeded lazy loading in https://github.com/pytorch/pytorch/pull/86509"),
+    "cudnn_bytes_range": (
+        "assumed: up to 162 MiB (three times the 54 MiB of PyTorch's and cuBLAS's kernels on the RTX 3060): "
+        "cuDNN's engines load their own kernel images on first use; no public figure found"),
+    "nccl_bytes_range": (
+        "estimated: 544 MiB (2 ranks, 4x A100, https://github.com/NVIDIA/nccl/issues/964) to 1,086 MiB, the "
+        "'NV 1.06 GB' per GPU, PyTorch's own memory excluded, before the first all_to_all on 8x H100 "
+        "(https://github.com/NVIDIA/nccl/issues/1685); an all-to-all's extra channels (3.3 GB more there) "
+        "are not included"),
+    "driver_reserved_bytes_range": (
+        "assumed: -1/3 to +1/6 of the figure, the relative spread public nvidia-smi -q outputs show on the "
+        "H100 80GB HBM3 across drivers (Reserved 328-551 MiB around the catalog's 480 MiB)"),
+}
+DRIVER_RESERVED_SOURCE = (
+    "estimated: nvidia_smi_memory_mib less total_memory_bytes: one driver's nvidia-smi total and "
+    "totalGlobalMem differ by exactly its NVML 'Reserved' (L40S, driver 550.127.05: 46068 MiB total, "
+    "Reserved 479 MiB, totalGlobalMem 45589 MiB, https://github.com/thamada/nvidia-smi/blob/"
+    "c768aedc1e0bf705fc91b08e8d9403bf53760365/nvsim/L40S_smi.py and nvsim/L40S_deviceQuery.py), but this "
+    "entry's two figures may come from different drivers"
+)
+
+
+def default_range(name: str, value: int) -> tuple[int, int]:
+    """The [low, high] an unmeasured part ``name`` of ``value`` bytes gets by default (see
+    :data:`DEFAULT_RANGE_SOURCES`)."""
+    if name == "context_bytes":
+        return max(0, value - CONTEXT_SPREAD_BYTES), value + CONTEXT_SPREAD_BYTES
+    if name == "kernel_bytes":
+        return value // 2, 3 * value
+    if name == "cudnn_bytes":
+        return min(value, 0), max(value, 3 * DEFAULT_KERNEL_BYTES)
+    if name == "nccl_bytes":
+        return min(value, 544 << 20), max(value, 1086 << 20)
+    if name == "driver_reserved_bytes":
+        return value - value // 3, value + value // 6
+    raise KeyError(name)
+
 
 ADD_GPU_HELP = f"""\
 To add a GPU, describe it in ~/.config/xmem/gpus.toml (or the file ${ENV_VAR} names):
@@ -86,6 +176,14 @@ To add a GPU, describe it in ~/.config/xmem/gpus.toml (or the file ${ENV_VAR} na
     cublas_workspace_bytes = 8_519_680        # 33_554_432 on Hopper / Blackwell
     context_bytes = 446_693_376               # nvidia-smi usage right after CUDA init
     kernel_bytes = 56_623_104                 # optional: kernels loaded during the step
+    cudnn_bytes = 0                           # optional: cuDNN, once a convolution / RNN ran
+    nccl_bytes = 721_420_288                  # optional: NCCL, once a process group exists
+    nvidia_smi_memory_mib = 12282             # optional: nvidia-smi memory.total (gives the
+                                              #   driver's reserve: the total - free reading)
+    # optional, per figure above: how far it may be off, e.g. context_bytes_range = [low, high]
+
+Figures you set are taken as measured on your GPU: the estimate's range adds nothing for them.
+`python benchmarks/gpu_groundtruth.py --fixed-memory` measures them on a GPU.
 
 To correct one figure of a known GPU, set only that field under its key, e.g.
     [gpus."A100-SXM4-40GB"]
@@ -115,6 +213,13 @@ class GPU:
     aliases: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     nvidia_smi_memory_mib: int | None = None
+    cudnn_bytes: int = DEFAULT_CUDNN_BYTES
+    nccl_bytes: int = DEFAULT_NCCL_BYTES
+    # NVML's "Reserved": memory the driver keeps that NVML v1's used (total - free) counts and
+    # nvidia-smi's used does not; None: not known for this GPU.
+    driver_reserved_bytes: int | None = None
+    # explicit [low, high] per part field (``<field>_range`` in the TOML); the others: part_range()
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def major(self) -> int:
@@ -136,8 +241,29 @@ class GPU:
         }
 
     def estimated_fields(self) -> list[str]:
-        """Fields whose figure is derived rather than reported (source starts "estimated:")."""
-        return [f for f, s in self.sources.items() if s.lower().startswith("estimated")]
+        """Fields whose figure was not measured on this GPU (source starts "estimated:" or
+        "assumed:")."""
+        return [f for f, s in self.sources.items() if s.lower().startswith(UNMEASURED_PREFIXES)]
+
+    def measured(self, name: str) -> bool:
+        """Whether part field ``name`` was measured on this GPU (or given by the user, who is
+        taken to have measured it), rather than estimated or assumed."""
+        return not self.sources.get(name, "").lower().startswith(UNMEASURED_PREFIXES)
+
+    def part_range(self, name: str) -> tuple[int, int]:
+        """[low, high] bytes of part field ``name`` (one of :data:`PART_FIELDS`): the entry's own
+        ``<name>_range``, else the default for an unmeasured figure, else the figure itself.
+        Always contains the figure."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"GPU '{self.key}' has no {name}")
+        if name in self.ranges:
+            low, high = self.ranges[name]
+        elif not self.measured(name):
+            low, high = default_range(name, value)
+        else:
+            low = high = value
+        return min(low, value), max(high, value)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -231,6 +357,11 @@ def _check_field(origin: str, key: str, name: str, value: Any) -> None:
     texts = [value] if name in ("name", "compute_capability") else list(value) if name == "aliases" else []
     if not all(t.isprintable() for t in texts):  # terminal escape codes, newlines
         raise GPUCatalogError(f"{where} must be printable text, got {value!r}")
+    if name in RANGE_FIELDS and not (
+            len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+            and value[0] <= value[1]):
+        raise GPUCatalogError(f"{where} must be [low, high]: two whole numbers of bytes with 0 <= low <= high, "
+                              f"got {value!r}")
     if name == "sources" and not all(isinstance(v, str) for v in value.values()):
         raise GPUCatalogError(f"{where} must map field names to strings, got {value!r}")
 
@@ -258,6 +389,10 @@ def _merge(
             elif name != "sources":
                 merged[name] = value
                 sources[name] = f"user override in {origin}"
+                if name in PART_FIELDS and f"{name}_range" not in entry:
+                    # the user's figure is theirs, measured: the catalog's range for the old one goes
+                    merged.pop(f"{name}_range", None)
+                    sources.pop(f"{name}_range", None)
         sources.update(entry.get("sources", {}))
         merged["sources"] = sources
         entries[target] = (merged, origin)
@@ -279,8 +414,38 @@ def _build(key: str, entry: dict[str, Any], origin: str) -> GPU:
             "context_bytes is the CUDA context (hundreds of MiB), total_memory_bytes the device's memory")
     major, minor = (int(p) for p in entry["compute_capability"].split("."))
     sources = dict(entry.get("sources", {}))
-    if "kernel_bytes" not in entry:
-        sources["kernel_bytes"] = DEFAULT_KERNEL_SOURCE
+    for name, default_source in (("kernel_bytes", DEFAULT_KERNEL_SOURCE), ("cudnn_bytes", DEFAULT_CUDNN_SOURCE),
+                                 ("nccl_bytes", DEFAULT_NCCL_SOURCE)):
+        if name not in entry:
+            sources[name] = default_source
+    smi_mib = entry.get("nvidia_smi_memory_mib")
+    reserved = entry.get("driver_reserved_bytes")
+    if reserved is None and smi_mib is not None:
+        reserved = smi_mib * (1 << 20) - entry["total_memory_bytes"]
+        if reserved < 0:
+            raise GPUCatalogError(
+                f"{origin}: GPU '{key}': nvidia_smi_memory_mib ({smi_mib:,} MiB) is below total_memory_bytes "
+                f"({entry['total_memory_bytes']:,} B): nvidia-smi's memory.total includes the driver's reserve "
+                "that totalGlobalMem leaves out, so it cannot be the smaller one")
+        sources.setdefault("driver_reserved_bytes", DRIVER_RESERVED_SOURCE)
+    values = {"context_bytes": entry["context_bytes"], "kernel_bytes": kernel_bytes,
+              "cudnn_bytes": entry.get("cudnn_bytes", DEFAULT_CUDNN_BYTES),
+              "nccl_bytes": entry.get("nccl_bytes", DEFAULT_NCCL_BYTES), "driver_reserved_bytes": reserved}
+    ranges: dict[str, tuple[int, int]] = {}
+    for name, value in values.items():
+        given = entry.get(f"{name}_range")
+        if given is not None:
+            if value is None:
+                raise GPUCatalogError(
+                    f"{origin}: GPU '{key}': field '{name}_range' gives a range for {name}, which this GPU does "
+                    f"not have (set {name}, or nvidia_smi_memory_mib to derive it)")
+            if not given[0] <= value <= given[1]:
+                raise GPUCatalogError(
+                    f"{origin}: GPU '{key}': field '{name}_range' {list(given)} does not contain {name} "
+                    f"({value:,}): the range is how far that figure may be off")
+            ranges[name] = (given[0], given[1])
+        elif value is not None and sources.get(name, "").lower().startswith(UNMEASURED_PREFIXES):
+            sources.setdefault(f"{name}_range", DEFAULT_RANGE_SOURCES[f"{name}_range"])
     return GPU(
         key=key,
         name=entry["name"],
@@ -292,7 +457,11 @@ def _build(key: str, entry: dict[str, Any], origin: str) -> GPU:
         kernel_bytes=kernel_bytes,
         aliases=tuple(entry.get("aliases", ())),
         sources=sources,
-        nvidia_smi_memory_mib=entry.get("nvidia_smi_memory_mib"),
+        nvidia_smi_memory_mib=smi_mib,
+        cudnn_bytes=values["cudnn_bytes"],
+        nccl_bytes=values["nccl_bytes"],
+        driver_reserved_bytes=reserved,
+        ranges=ranges,
     )
 
 

@@ -21,8 +21,8 @@ re-tracing:
 * cuDNN convolution workspaces (``cudnn.py``): measured per architecture, asked for after each
   convolution the tracer recorded, dropped when the device cannot give them.
 * Library memory outside the allocator (:func:`library_bytes`): the kernels a step loads on
-  first use (PyTorch's, cuBLAS's, cuDNN's), which nvidia-smi counts but the allocator never
-  sees: the catalog's ``kernel_bytes`` for the target GPU.
+  first use (PyTorch's, cuBLAS's), cuDNN's once it runs, NCCL's once a process group exists,
+  which nvidia-smi counts but the allocator never sees (``fixed_memory.py``).
 """
 
 from __future__ import annotations
@@ -244,12 +244,13 @@ def _insert_workspaces(events: list[TraceEvent], size: int, lt_size: int, mode: 
 
 
 def library_bytes(gpu: GPU, trace: Trace | list[TraceEvent]) -> int:
-    """Device memory the run's kernels take outside the caching allocator.
+    """Device memory the run's libraries take outside the caching allocator.
 
-    One figure per GPU (``kernel_bytes``, calibrated in the catalog): the ground-truth runs
-    show no extra common offset for cuDNN (CNN residuals differ in sign between the RTX 3060
-    and 4060), so a run pays the same whichever libraries it calls. A trace that puts
-    nothing on the GPU ran no kernel and pays nothing.
+    The catalog's ``kernel_bytes`` when the step put anything on the GPU (its ops load PyTorch's
+    and cuBLAS's kernels), plus ``cudnn_bytes`` once a cuDNN op ran and ``nccl_bytes`` once a
+    process group of more than one rank exists (``fixed_memory.libraries_used``). A trace that
+    puts nothing on the GPU ran no kernel and pays nothing.
     """
-    events = trace.events if isinstance(trace, Trace) else trace
-    return gpu.kernel_bytes if any(e.kind == ALLOC for e in events) else 0
+    from xmem_engine.gpus.fixed_memory import fixed_memory
+
+    return fixed_memory(gpu, trace).library_bytes
