@@ -11,10 +11,21 @@ nothing to the device memory the runs see.
     python benchmarks/gpu_groundtruth.py --list
     python benchmarks/gpu_groundtruth.py --only gpt2-small-bs8x1024-bf16
     python benchmarks/gpu_groundtruth.py --dry-run --out /tmp/gt   # CPU, tiny sizes
+    python benchmarks/gpu_groundtruth.py --fixed-memory     # the process's fixed memory, stage by stage
+    torchrun --nproc-per-node 8 benchmarks/gpu_groundtruth.py --fixed-memory   # NCCL across 8 ranks
+
+`--fixed-memory` measures what a PyTorch training process holds outside its tensors, in a fresh
+process, at each stage a training step passes: the bare CUDA context, the first matmul (PyTorch's
+and cuBLAS/cuBLASLt's kernels, an optimizer step), the first convolution (cuDNN), a process group
+(NCCL: one rank alone, or every rank under torchrun). Each stage's memory is the device memory it
+added less what PyTorch's allocator reserved in it. It appends one record to
+`<out>/fixed_memory-<gpu-slug>-<date>.jsonl` and prints the catalog entry (xmem_engine/data/gpus.toml
+layout) that fills the GPU's fixed-memory figures, with their sources.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -160,6 +171,228 @@ def format_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n(memory in MiB; peak-base and ctx are relative to device use before CUDA init)"
 
 
+# ------------------------------------------------------------------ fixed memory, stage by stage
+
+#: The stages of a training process, in order, and the catalog field each one's memory fills.
+STAGES = ("context", "first_matmul", "first_convolution", "process_group")
+STAGE_FIELDS = {"context": "context_bytes", "first_matmul": "kernel_bytes", "first_convolution": "cudnn_bytes",
+                "process_group": "nccl_bytes"}
+
+
+@dataclass
+class StageReading:
+    """Device memory right after one stage (``before_init``: before CUDA is initialised)."""
+
+    stage: str
+    nvml_used: int | None  # NVML v1 used (total - free), device-wide; None without NVML
+    nvml_reserved: int | None  # NVML v2 "Reserved", where the driver and bindings give it
+    cuda_used: int | None  # torch.cuda.mem_get_info: total - free (nvidia-smi's used); None before init
+    cuda_total: int | None  # torch.cuda.mem_get_info's total (totalGlobalMem)
+    allocator_reserved: int  # torch.cuda.memory_reserved(): what the stage's tensors took
+
+
+def fixed_memory_table(readings: list[StageReading]) -> dict[str, int | None]:
+    """Per catalog field, the memory each stage added outside PyTorch's allocator: the device's
+    used memory after it less before it, less what the allocator reserved in between. NVML's
+    reading (device-wide, so the GPU must be otherwise idle) where there is one: it is the only
+    one before CUDA exists; mem_get_info's after. Also ``driver_reserved_bytes``: NVML v2's
+    Reserved, else NVML's total less totalGlobalMem."""
+    by = {r.stage: r for r in readings}
+    if "before_init" not in by:
+        raise ValueError("the readings start before CUDA init ('before_init')")
+    out: dict[str, int | None] = {}
+    prev = by["before_init"]
+    for stage in STAGES:
+        r = by.get(stage)
+        if r is None:
+            out[STAGE_FIELDS[stage]] = None
+            continue
+        if r.nvml_used is not None and prev.nvml_used is not None:
+            added = r.nvml_used - prev.nvml_used
+        elif r.cuda_used is not None and prev.cuda_used is not None:
+            added = r.cuda_used - prev.cuda_used
+        else:
+            added = None
+        out[STAGE_FIELDS[stage]] = (None if added is None
+                                    else max(0, added - (r.allocator_reserved - prev.allocator_reserved)))
+        prev = r
+    last = readings[-1]
+    out["driver_reserved_bytes"] = last.nvml_reserved
+    return out
+
+
+def _stage_child(result_path: Path, dry_run: bool) -> int:
+    """The stages, run in this (fresh) process: writes the readings and versions as JSON."""
+    import contextlib
+
+    import torch
+
+    from benchmarks._nvml import Nvml
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    nvml = None if dry_run else Nvml.open()
+    if nvml is not None:  # this rank's GPU: the LOCAL_RANK-th visible one
+        with contextlib.suppress(Exception):
+            visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+            which = visible[local] if local < len(visible) else str(local)
+            if which.startswith(("GPU-", "MIG-")):
+                nvml.select(which)
+            else:
+                nvml._handle = nvml._nvml.nvmlDeviceGetHandleByIndex(int(which))
+    dev = torch.device("cpu") if dry_run else torch.device("cuda", local)
+    readings: list[StageReading] = []
+
+    def nvml_reading() -> tuple[int | None, int | None, int | None]:
+        if nvml is None:
+            return None, None, None
+        used = nvml.used()
+        n, h = nvml._nvml, nvml._handle
+        try:  # nvmlMemory_v2_t: bindings and drivers from about R510 on
+            info = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+            return used, int(info.reserved), int(info.total)
+        except Exception:
+            return used, None, int(n.nvmlDeviceGetMemoryInfo(h).total)
+
+    def read(stage: str) -> None:
+        used, reserved, total = nvml_reading()
+        cuda_used = cuda_total = None
+        if dry_run:
+            import resource
+
+            cuda_used = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # a stand-in: host RSS
+        elif stage == "before_init":
+            if used is None:  # no NVML: nvidia-smi's used, which mem_get_info's total - free matches
+                from benchmarks._nvml import nvidia_smi
+
+                smi = nvidia_smi("memory.used")
+                cuda_used = int(smi) << 20 if smi and smi.isdigit() else None
+        else:
+            torch.cuda.synchronize(dev)
+            free, cuda_total = torch.cuda.mem_get_info(dev)
+            cuda_used = cuda_total - free
+            if reserved is None and total is not None:
+                reserved = total - cuda_total  # NVML's total less totalGlobalMem: the driver's reserve
+        readings.append(StageReading(stage, used, reserved, cuda_used, cuda_total,
+                                     0 if dry_run else torch.cuda.memory_reserved(dev)))
+
+    read("before_init")
+    if not dry_run:
+        torch.cuda.set_device(dev)
+    torch.empty(1, device=dev)  # creates the context; launches no kernel
+    read("context")
+    lin = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to(dev)
+    opt = torch.optim.AdamW(lin.parameters())
+    for dtype in (torch.float32, torch.bfloat16 if dry_run else torch.float16):
+        with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
+            loss = lin(torch.randn(64, 256, device=dev)).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    read("first_matmul")
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+                               torch.nn.Conv2d(32, 32, 3, stride=2)).to(dev)
+    for dtype in (torch.float32, torch.bfloat16 if dry_run else torch.float16):
+        with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
+            out = conv(torch.randn(8, 3, 64, 64, device=dev)).float().mean()
+        out.backward()
+    read("first_convolution")
+    import torch.distributed as dist
+
+    if dist.is_available():
+        backend = "gloo" if dry_run else "nccl"
+        if world > 1:  # torchrun's env:// rendezvous
+            kw: dict[str, Any] = {} if dry_run else {"device_id": dev}
+            dist.init_process_group(backend, **kw)
+        else:
+            kw = {"store": dist.HashStore(), "rank": 0, "world_size": 1}
+            if not dry_run:
+                kw["device_id"] = dev  # eager: the communicator is made now
+            dist.init_process_group(backend, **kw)
+        x = torch.ones(1 << 20, device=dev)
+        dist.all_reduce(x)
+        dist.barrier()
+        read("process_group")
+    versions = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+                "nccl": None, "driver": None, "gpu_name": "cpu-dry-run" if dry_run else torch.cuda.get_device_name(dev),
+                "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "LAZY (PyTorch's default)"),
+                "rank": rank, "world_size": world}
+    if not dry_run:
+        with contextlib.suppress(Exception):
+            versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        if nvml is not None:
+            with contextlib.suppress(Exception):
+                versions["driver"] = nvml.driver_version()
+    result_path.write_text(json.dumps({"readings": [asdict(r) for r in readings], "versions": versions}))
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def catalog_snippet(table: dict[str, int | None], versions: dict[str, Any], day: str) -> str:
+    """The gpus.toml lines that fill a GPU's fixed memory from one measurement, with sources."""
+    name = versions.get("gpu_name") or "UNKNOWN"
+    key = name
+    with contextlib.suppress(Exception):
+        from xmem_engine.gpus import get_gpu
+
+        key = get_gpu(name).key
+    world = versions.get("world_size", 1)
+    setup = (f"measured by benchmarks/gpu_groundtruth.py --fixed-memory on {name} ({day}; driver "
+             f"{versions.get('driver')}, torch {versions.get('torch')}, CUDA {versions.get('cuda')}, cuDNN "
+             f"{versions.get('cudnn')}, NCCL {versions.get('nccl')}, CUDA_MODULE_LOADING "
+             f"{versions.get('cuda_module_loading')})")
+    what = {"context_bytes": "device memory after CUDA init (an empty tensor, no kernel) less before",
+            "kernel_bytes": "added by a Linear/GELU/AdamW step in fp32 and fp16 autocast beyond what the allocator reserved",
+            "cudnn_bytes": "added by Conv2d/BatchNorm2d forward and backward in fp32 and fp16 beyond the allocator",
+            "nccl_bytes": f"added by init_process_group('nccl') of {world} rank(s) and an all_reduce beyond the allocator",
+            "driver_reserved_bytes": "NVML v2 Reserved (else NVML total less totalGlobalMem)"}
+    values, sources = [], []
+    for field in ("context_bytes", "kernel_bytes", "cudnn_bytes", "nccl_bytes", "driver_reserved_bytes"):
+        value = table.get(field)
+        if value is None:
+            values.append(f"# {field}: not measured")
+            continue
+        comment = "  # one rank alone: a lower bound for a group of several" if field == "nccl_bytes" and world == 1 else ""
+        prefix = "# " if comment else ""
+        values.append(f"{prefix}{field} = {value:_}{comment}")
+        sources.append(f'{prefix}{field} = {json.dumps(setup + ": " + what[field])}')
+    return "\n".join([f'[gpus."{key}"]', *values, "", f'[gpus."{key}".sources]', *sources])
+
+
+def fixed_memory_main(out_dir: Path, dry_run: bool, timeout_s: float) -> int:
+    """Run the stages in a fresh process, append the record, print the catalog entry."""
+    with tempfile.TemporaryDirectory(prefix="xmem-fixed-") as tmp:
+        result = Path(tmp, "stages.json")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--stages-child", str(result)] + (
+            ["--dry-run"] if dry_run else [])
+        try:
+            proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"the stages did not finish in {timeout_s:.0f} s", file=sys.stderr)
+            return 1
+        if proc.returncode != 0 or not result.exists():
+            print(f"the stage process failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        data = json.loads(result.read_text())
+    readings = [StageReading(**r) for r in data["readings"]]
+    table = fixed_memory_table(readings)
+    now = dt.datetime.now(dt.timezone.utc)
+    versions = data["versions"]
+    record = {"schema": SCHEMA_VERSION, "kind": "fixed_memory", "session": now.isoformat(timespec="seconds"),
+              "dry_run": dry_run, "versions": versions, "readings": data["readings"], "fixed_memory": table}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"fixed_memory-{slugify(versions.get('gpu_name') or 'unknown')}-{now:%Y-%m-%d}.jsonl"
+    with path.open("a") as fh:
+        fh.write(json.dumps(record) + "\n")
+    for field, value in table.items():
+        print(f"{field:>22}: {_mib(value)} MiB")
+    print(f"\n{catalog_snippet(table, versions, f'{now:%Y-%m-%d}')}\n\nwrote the record to {path}")
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dry-run", action="store_true", help="run on the CPU with tiny sizes (no CUDA needed)")
@@ -168,11 +401,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="list the runs and exit")
     p.add_argument("--timeout", type=float, default=Options.timeout_s, help="per-run timeout, seconds")
     p.add_argument("--budget", type=float, default=Options.budget_s, help="whole-batch time budget, seconds")
+    p.add_argument("--fixed-memory", action="store_true",
+                   help="measure the process's fixed memory stage by stage (context, first matmul, first "
+                        "convolution, process group) and print the catalog entry it fills")
+    p.add_argument("--stages-child", type=Path, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.stages_child is not None:
+        return _stage_child(args.stages_child, args.dry_run)
+    if args.fixed_memory:
+        if not args.dry_run:
+            from benchmarks._nvml import gpu_name_without_cuda
+            if not gpu_name_without_cuda():
+                print("no NVIDIA GPU visible (NVML / nvidia-smi); use --dry-run to exercise the stages on the CPU",
+                      file=sys.stderr)
+                return 2
+        out = args.out or (Path(tempfile.mkdtemp(prefix="xmem-fixed-dry-")) if args.dry_run else DEFAULT_OUT)
+        return fixed_memory_main(out, args.dry_run, args.timeout)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     try:
         runs = select(names)

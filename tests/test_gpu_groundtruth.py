@@ -302,3 +302,63 @@ def test_runs_cover_the_issue() -> None:
             "gpt2-small-bs8x1024-fp32", "gpt2-small-bs8x1024-bf16", "gpt2-small-bs8x1024-fp32-ckpt"} <= names
     assert any(r.env.get("PYTORCH_CUDA_ALLOC_CONF") == "expandable_segments:True" for r in WORKLOADS)
     assert all(r.overrides.get("iterations", 3) == 3 for r in WORKLOADS)
+
+
+# ------------------------------------------------------- fixed memory, stage by stage (issue #37)
+def test_fixed_memory_table_subtracts_what_the_allocator_reserved() -> None:
+    """Each stage's part is the device memory it added less the allocator's growth in it; NVML's
+    device-wide reading where there is one (the only one before CUDA exists)."""
+    MiB = 1 << 20
+    R = gt.StageReading
+    readings = [
+        R("before_init", 10 * MiB, None, None, None, 0),
+        R("context", 510 * MiB, 480 * MiB, 500 * MiB, 80_000 * MiB, 2 * MiB),       # +500, 2 of it tensors
+        R("first_matmul", 700 * MiB, 480 * MiB, 690 * MiB, 80_000 * MiB, 100 * MiB),  # +190, 98 of it allocator
+        R("first_convolution", 900 * MiB, 480 * MiB, 890 * MiB, 80_000 * MiB, 150 * MiB),
+        R("process_group", 1400 * MiB, 480 * MiB, 1390 * MiB, 80_000 * MiB, 160 * MiB),
+    ]
+    table = gt.fixed_memory_table(readings)
+    assert table == {"context_bytes": 498 * MiB, "kernel_bytes": 92 * MiB, "cudnn_bytes": 150 * MiB,
+                     "nccl_bytes": 490 * MiB, "driver_reserved_bytes": 480 * MiB}
+    # without NVML: mem_get_info's readings (nvidia-smi's used before CUDA init)
+    no_nvml = [R(r.stage, None, None, r.cuda_used if r.stage != "before_init" else 12 * MiB, r.cuda_total,
+                 r.allocator_reserved) for r in readings]
+    assert gt.fixed_memory_table(no_nvml)["context_bytes"] == 500 * MiB - 12 * MiB - 2 * MiB
+    # a stage that did not run (no torch.distributed) fills nothing
+    assert gt.fixed_memory_table(readings[:4])["nccl_bytes"] is None
+    with pytest.raises(ValueError, match="before CUDA init"):
+        gt.fixed_memory_table(readings[1:])
+
+
+def test_the_catalog_snippet_is_a_catalog_entry_with_sources(tmp_path: Path) -> None:
+    """What --fixed-memory prints loads as a user catalog file and overrides the GPU's figures,
+    which then count as measured: the estimate's range adds nothing for them."""
+    from xmem_engine.gpus import load_catalog
+
+    table = {"context_bytes": 600 << 20, "kernel_bytes": 120 << 20, "cudnn_bytes": 90 << 20, "nccl_bytes": 64 << 20,
+             "driver_reserved_bytes": 480 << 20}
+    versions = {"gpu_name": "NVIDIA H100 80GB HBM3", "torch": "2.13.0+cu129", "cuda": "12.9", "cudnn": 91002,
+                "nccl": "2.27.3", "driver": "575.57.08", "cuda_module_loading": "LAZY", "world_size": 1}
+    text = gt.catalog_snippet(table, versions, "2026-12-03")
+    assert text.startswith('[gpus."H100-SXM-80GB"]')
+    assert "# nccl_bytes = 67_108_864  # one rank alone" in text  # a lower bound: not written as the figure
+    f = tmp_path / "gpus.toml"
+    f.write_text(text + "\n")
+    h100 = load_catalog(f)["H100-SXM-80GB"]
+    assert (h100.context_bytes, h100.kernel_bytes, h100.cudnn_bytes) == (600 << 20, 120 << 20, 90 << 20)
+    assert h100.driver_reserved_bytes == 480 << 20
+    assert "driver 575.57.08, torch 2.13.0+cu129" in h100.sources["kernel_bytes"]
+    for name in ("context_bytes", "kernel_bytes", "cudnn_bytes", "driver_reserved_bytes"):
+        assert h100.measured(name) and h100.part_range(name) == (getattr(h100, name),) * 2, name
+    assert not h100.measured("nccl_bytes")
+
+
+def test_fixed_memory_dry_run_records_every_stage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert gt.main(["--fixed-memory", "--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert '[gpus."cpu-dry-run"]' in out and "kernel_bytes = " in out
+    (path,) = tmp_path.glob("fixed_memory-cpu-dry-run-*.jsonl")
+    rec = json.loads(path.read_text().splitlines()[-1])
+    assert [r["stage"] for r in rec["readings"]] == ["before_init", *gt.STAGES]
+    assert set(rec["fixed_memory"]) == {*gt.STAGE_FIELDS.values(), "driver_reserved_bytes"}
+    assert rec["versions"]["torch"] and rec["kind"] == "fixed_memory"

@@ -67,9 +67,9 @@ def test_every_entry_is_complete_and_sourced(catalog):
         for field in fields:
             source = gpu.sources.get(field, "")
             assert len(source) > 30, f"{key}.{field}: no real source: {source!r}"
-            # Either a reported figure we can point at, or a derivation that says how.
+            # Either a reported figure we can point at, or a derivation (or assumption) that says how.
             assert (
-                source.startswith("estimated: ")
+                source.startswith(("estimated: ", "assumed: "))
                 or "http" in source
                 or "xMem paper data" in source
             ), f"{key}.{field}: source names no document: {source!r}"
@@ -104,6 +104,20 @@ def test_kernel_memory_is_measured_for_the_paper_gpus_and_defaulted_elsewhere(ca
     assert h100.kernel_bytes == gpus.DEFAULT_KERNEL_BYTES
     assert h100.sources["kernel_bytes"].startswith("estimated: ")
     assert "kernel_bytes" in h100.estimated_fields()
+
+
+def test_every_unmeasured_figure_has_a_range_and_its_reason(catalog):
+    """A fixed-memory figure not measured on its GPU carries how far off it may be, and why."""
+    for key, gpu in catalog.items():
+        for name in gpus.catalog.PART_FIELDS:
+            if getattr(gpu, name) is None:
+                continue
+            low, high = gpu.part_range(name)
+            assert low <= getattr(gpu, name) <= high, (key, name)
+            if not gpu.measured(name):
+                assert high > low, (key, name)
+                reason = gpu.sources.get(f"{name}_range", "")
+                assert len(reason) > 40 and "http" in reason or reason.startswith("assumed: "), (key, name, reason)
 
 
 def test_cublas_workspace_follows_pytorch_default(catalog):

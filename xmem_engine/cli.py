@@ -602,16 +602,34 @@ def _cmd_gpus(args) -> int:
     except (GPUCatalogError, OSError) as e:
         raise InputError(str(e)) from None
     if args.json:
-        _print_json({k: asdict(g) for k, g in catalog.items()})
+        from xmem_engine.gpus.fixed_memory import part, parts
+
+        def entry(g) -> dict:  # the catalog's fields, and each fixed-memory part with its range and sources
+            fixed = [p.to_json() for p in parts(g)]
+            if g.driver_reserved_bytes is not None:
+                fixed.append(part(g, "driver_reserved_bytes").to_json())
+            return {**asdict(g), "fixed_memory": fixed}
+
+        _print_json({k: entry(g) for k, g in catalog.items()})
         return EXIT_OK
-    rows = [("GPU", "name (nvidia-smi)", "usable GiB", "compute", "context MiB", "kernels MiB")]
+    def mib(g, name: str) -> str:  # "~" marks a figure not measured on that GPU (it has a range)
+        value = getattr(g, name)
+        if value is None:
+            return "-"
+        return f"{value >> 20}{'' if g.part_range(name) == (value, value) else '~'}"
+
+    rows = [("GPU", "name (nvidia-smi)", "usable GiB", "compute", "context MiB", "kernels MiB", "cuDNN MiB",
+             "NCCL MiB", "driver reserve MiB")]
     for key, g in sorted(catalog.items(), key=lambda kv: kv[1].total_memory_bytes):
         cc = ".".join(map(str, g.compute_capability))
-        rows.append((key, g.name, f"{g.total_memory_bytes / (1 << 30):.2f}", cc, f"{g.context_bytes >> 20}",
-                     f"{g.kernel_bytes >> 20}"))
+        rows.append((key, g.name, f"{g.total_memory_bytes / (1 << 30):.2f}", cc,
+                     *(mib(g, n) for n in ("context_bytes", "kernel_bytes", "cudnn_bytes", "nccl_bytes",
+                                           "driver_reserved_bytes"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    print("~: not measured on that GPU (estimated or assumed); the estimate's range carries its own range. "
+          "Sources and ranges: xmem gpus --json")
     return EXIT_OK
 
 

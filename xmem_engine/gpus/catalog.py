@@ -91,8 +91,8 @@ UNMEASURED_PREFIXES = ("estimated:", "assumed:")
 #: :data:`DEFAULT_KERNEL_SOURCE`.
 DEFAULT_KERNEL_BYTES = 54 << 20
 DEFAULT_KERNEL_SOURCE = (
-    "estimated: 54 MiB, measured on the RTX 3060 and RTX 4060 (PyTorch 2.6.0 / CUDA 12.4, see their "
-    "entries) and applied unchanged; kernel images differ by architecture: the range allows half to three "
+    "estimated: 54 MiB, measured on the RTX 3060 and RTX 4060 (xMem paper data, PyTorch 2.6.0 / CUDA 12.4, "
+    "see their entries) and applied unchanged; kernel images differ by architecture: the range allows half to three "
     "times that (kernel_bytes_range)"
 )
 #: cuDNN's handle and the kernels of the engines a step runs, once a convolution, a recurrent layer,
