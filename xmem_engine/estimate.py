@@ -60,7 +60,18 @@ class Timeline:
 
 @dataclass
 class Estimate:
-    """One estimate for one GPU. Byte figures are exact integers."""
+    """One estimate for one GPU. Byte figures are exact integers.
+
+    Two readings of the peak, for a reader to compare with the same reading of a real run:
+    ``peak_device_bytes`` is nvidia-smi's used (``torch.cuda.mem_get_info``'s total - free reads
+    the same); ``peak_total_minus_free_bytes`` is NVML v1's used, total - free as
+    ``pynvml.nvmlDeviceGetMemoryInfo`` and many schedulers read it: the same plus
+    ``driver_reserved_bytes``. Each has a range: ``peak_range`` (``peak_device_bytes_low`` /
+    ``_high`` in JSON) and ``total_minus_free_range`` (``peak_total_minus_free_bytes_low`` /
+    ``_high``); ``readings_text`` says both in words. ``fixed_memory`` holds the parts of the
+    process's fixed memory this step pays, with their sources and, where not measured on this
+    GPU, their ranges (already in both ranges).
+    """
 
     gpu: str  # catalog key, e.g. "A100-SXM4-40GB"
     gpu_name: str  # as nvidia-smi prints it
