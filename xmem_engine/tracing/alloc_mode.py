@@ -146,7 +146,15 @@ class AllocMode(TorchDispatchMode):
         self.composite: dict[Any, bool] = {}
         self.backward_writes = BackwardInPlace()
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Dynamo compiles with this mode on the stack (and turns it off while compiling):
+        only the compiled artifact's runtime ops come here (``torch_compile.py``)."""
+        return True
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if self.t.compiling:  # a compiler's own ops on its own fake tensors (Inductor's lazy backward)
+            return func(*args, **(kwargs or {}))
         top = torch._C._len_torch_function_stack()
         if top and torch._C._get_function_stack_at(top - 1) is self.t.device_mode:
             # autograd's engine runs with the device mode on (DeviceMode.in_backward_engine):

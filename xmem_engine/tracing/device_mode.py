@@ -88,6 +88,8 @@ class DeviceMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if self.t.compiling:  # a compiler's own calls (Inductor's lazy backward compile)
+            return func(*args, **kwargs)
         h = self.special.get(func)
         if h is not None:
             return h(func, args, kwargs)
@@ -316,6 +318,8 @@ def fake_device_property(tracer: Tracer, mode: DeviceMode) -> property:
 
     def device(t: torch.Tensor) -> torch.device:
         d = orig.fget(t)
+        if tracer.in_dynamo and d.type == "cpu" and tracer.is_gpu(t):
+            return tracer.vc.device  # Dynamo makes its fake tensors on cuda (torch_compile.py)
         # Inside FakeTensorMode's handler its mode is off the stack: its kernels are asking,
         # for an op called with the device mode still on (``torch.ops.fsdp.*``, C++ code).
         if (d.type == "cpu" and t.untyped_storage()._cdata in tracer.live

@@ -161,49 +161,42 @@ def in_process_iterator(loader: Any) -> Any:
         loader.num_workers = workers
 
 
-#: what the estimate says when compiled code ran (once, at the first compiled call)
-COMPILE_NOTE = ("torch.compile at {where} ran eagerly: the estimate is the eager step's. A compiled "
+#: what the estimate says when compiled code ran eagerly (once, at the first compiled call)
+COMPILE_NOTE = ("torch.compile at {where} ran eagerly ({why}): the estimate is the eager step's. A compiled "
                 "step (Inductor) fuses ops, which often holds less activation memory, and compiles and "
                 "autotunes inside its first call")
 
 
-def eager_compile(notes: list[str]) -> Callable:
-    """``torch.compile`` under the tracer: the model (or function) itself, run eagerly.
+def eager_compiled(fn: Any, where: str, why: str, notes: list[str],
+                   on_gpu: Callable[[tuple, dict], bool] = lambda args, kwargs: True) -> Any:
+    """What ``torch.compile(fn)`` gives where xmem cannot compile for the GPU: ``fn`` itself,
+    run eagerly.
 
     :data:`COMPILE_NOTE` is added once, naming where ``torch.compile`` was applied (the user's
-    line, or a trainer's), when compiled code first runs: a library that decorates its own
-    functions with ``torch.compile`` at import (bitsandbytes does, for CPU kernels a GPU never
-    runs) has compiled nothing of the user's step. A module given to ``torch.compile`` is
-    returned as it is and noted at once (the user applied it to the model they train)."""
+    line, or a trainer's) and why, when compiled code first runs: a library that decorates its
+    own functions with ``torch.compile`` at import (bitsandbytes does, for CPU kernels a GPU
+    never runs) has compiled nothing of the user's step, nor has a call that ``on_gpu`` says
+    touches no virtual-GPU tensor. A module given to ``torch.compile`` is returned as it is
+    and noted at once (the user applied it to the model they train)."""
     import functools
 
-    from xmem_engine.tracing.frames import library_frame
+    def note() -> None:
+        if not any(n.startswith("torch.compile at ") and "ran eagerly" in n for n in notes):
+            notes.append(COMPILE_NOTE.format(where=where or "(library code)", why=why))
 
-    def note(where: str) -> None:
-        if not any(n.startswith("torch.compile at ") for n in notes):
-            notes.append(COMPILE_NOTE.format(where=where or "(library code)"))
+    if isinstance(fn, torch.nn.Module):
+        note()
+        return fn
+    if not callable(fn):
+        return fn  # torch.compile itself says what is wrong when compiling for real
 
-    def eager(fn: Any, where: str) -> Any:
-        if isinstance(fn, torch.nn.Module):
-            note(where)
-            return fn
-        if not callable(fn):
-            return fn  # torch.compile itself says what is wrong when compiling for real
+    @functools.wraps(fn)
+    def compiled(*args: Any, **kwargs: Any) -> Any:
+        if on_gpu(args, kwargs):
+            note()
+        return fn(*args, **kwargs)
 
-        @functools.wraps(fn)
-        def compiled(*args: Any, **kwargs: Any) -> Any:
-            note(where)
-            return fn(*args, **kwargs)
-
-        return compiled
-
-    def compile(model: Any = None, **kwargs: Any) -> Any:
-        where = library_frame()
-        if model is None:
-            return lambda m: eager(m, where)
-        return eager(model, where)
-
-    return compile
+    return compiled
 
 
 def fake_parameter_new(fake_mode: Any) -> Callable:

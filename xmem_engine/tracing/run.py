@@ -41,7 +41,6 @@ from xmem_engine.tracing.patches import (
     INIT_FUNCTIONS,
     appended,
     cudnn_refused,
-    eager_compile,
     fake_parameter_new,
     in_process_iterator,
     logger_level,
@@ -63,6 +62,7 @@ from xmem_engine.tracing.checkpoints import kept_in_memory
 from xmem_engine.tracing.guesses import GUESS_HEADLINE, Guesses
 from xmem_engine.tracing.host_memory import ENV as HOST_ENV, HostBudget, HostMemoryExceeded, gib
 from xmem_engine.tracing.shadow_values import Shadows
+from xmem_engine.tracing.torch_compile import COMPILE_MODES, CompiledCalls
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.triton_launches import triton_launches
 from xmem_engine.tracing.user_state import UserState
@@ -82,6 +82,7 @@ def trace(
     max_iterations: int | None = None,
     torch_version: str | None = None,
     world: World | None = None,
+    compile: str | None = None,
 ) -> Trace:
     """Run ``code`` (a no-argument callable, or source text / a compiled code object executed
     in a copy of ``namespace``) as if on a CUDA GPU; return the trace of its GPU memory requests.
@@ -97,6 +98,9 @@ def trace(
     ``max_iterations``: stop the code when
     iteration ``max_iterations`` would start (``trace.meta["stopped"]`` is then True): a
     long training loop costs only the iterations that show its steady state.
+    ``compile``: what ``torch.compile`` does in the code: "inductor" (compile for the target
+    GPU, where this torch can: ``torch_compile.py``) or "eager" (run compiled code eagerly, to
+    compare); None: ``$XMEM_COMPILE``, else "inductor".
     ``world``: the distributed rank to trace (``distributed.World``: world size, rank): the
     code sees torchrun's environment for it, and its ``init_process_group`` makes torch's
     fake process group of that size. Without it the environment is left alone, and a group
@@ -113,12 +117,17 @@ def trace(
     if max_iterations is not None and max_iterations < 1:
         raise ValueError(f"max_iterations must be at least 1, not {max_iterations}")
     if isinstance(code, str):
-        compiled = compile(code, filename, "exec", dont_inherit=True)
+        compiled = builtins.compile(code, filename, "exec", dont_inherit=True)
         if filename.startswith("<"):
             linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         code = compiled
     elif not isinstance(code, types.CodeType) and not callable(code):
         raise TypeError(f"code must be a callable or source text, not {type(code).__name__}")
+    compile = compile or os.environ.get("XMEM_COMPILE") or "inductor"
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {COMPILE_MODES}, not {compile!r}")
+    if compile != "inductor":
+        setup = [*setup, lambda t: setattr(t, "compile_mode", compile)]
     try:
         if torch_version is not None:
             target = target_version(torch_version)
@@ -290,6 +299,8 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
         meta["world"] = world.as_json()
     if tracer.real_ops:
         meta["real_ops"] = dict(tracer.real_ops)  # fake mode: these ran for real, one call at a time
+    if tracer.compiled is not None and (tracer.compiled.graphs or tracer.compiled.failures):
+        meta["compile"] = tracer.compiled.as_json()  # torch.compile for the target GPU (torch_compile.py)
     if tracer.managed_bytes:  # paged optimizer states (bitsandbytes_shim.py)
         meta["managed_bytes"] = tracer.managed_bytes
     notes = list(tracer.notes)
@@ -360,7 +371,10 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         # Worker processes would run the dataset outside the tracer's control (and fork
         # its modes): load in-process. torch.compile runs the code eagerly.
         stack.enter_context(patched_attr(torch.utils.data.DataLoader, "_get_iterator", in_process_iterator))
-        stack.enter_context(patched_attr(torch, "compile", eager_compile(tracer.notes)))
+        compiled = CompiledCalls(tracer, stack)  # torch.compile for the target GPU (torch_compile.py)
+        stack.enter_context(patched_attr(torch, "compile", compiled.compile))
+        stack.callback(lambda: tracer.notes.extend(compiled.record.notes()))
+        tracer.compiled = compiled.record
         if tracer.fake:
             # Fake parameters take the same optimizer implementation as real ones on a
             # GPU (foreach by default): torch checks ``type(p) in _foreach_supported_types``.

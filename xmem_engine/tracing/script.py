@@ -26,6 +26,7 @@ def trace_script(
     source: str | None = None,
     world: Any = None,
     argv: list[str] | None = None,
+    compile: str | None = None,
 ) -> Trace:
     """Trace a training script as ``python SCRIPT`` would run it (``__name__ == "__main__"``,
     its directory first on ``sys.path``, ``sys.argv == [SCRIPT, *argv]``). ``max_iterations`` as in
@@ -42,7 +43,8 @@ def trace_script(
     sys.path.insert(0, os.path.dirname(path))
     try:
         tr = trace(code, namespace, mode=mode, allocator=allocator, device=device, filename=path,
-                   max_iterations=max_iterations, torch_version=torch_version, world=world)
+                   max_iterations=max_iterations, torch_version=torch_version, world=world,
+                   compile=compile)
     finally:
         sys.argv = old_argv
         sys.path[:] = old_path

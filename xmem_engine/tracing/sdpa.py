@@ -902,3 +902,47 @@ def tracer_handler(tracer: Any) -> Callable[[Any, tuple, dict], Any]:
                 real=not tracer.fake, label=label)
 
     return handle
+
+
+def compiled_attention(capability: tuple[int, int]) -> Callable[..., torch.Tensor]:
+    """``F.scaled_dot_product_attention`` for ``torch.compile`` on the virtual GPU: the fused
+    aten op of the backend the target GPU picks, which AOTAutograd differentiates and Inductor
+    runs as an extern kernel, as on a GPU. (Without a driver the C++ op's own choice,
+    ``_fused_sdp_choice``, answers MATH, and Inductor would compile attention as bmm + softmax.)
+    It is put in the graph whole (``allow_in_graph``): the choice reads flags Dynamo need not
+    trace, and is made again, identically, when AOTAutograd traces the graph."""
+
+    def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                  enable_gqa: bool = False) -> torch.Tensor:
+        aten = torch.ops.aten
+        if torch.is_autocast_enabled("cuda"):  # autocast's cast, before the choice (as CUDA's wrapper)
+            dt = torch.get_autocast_dtype("cuda")
+            query, key, value, attn_mask = (_cast(t, dt) for t in (query, key, value, attn_mask))
+        backend = select_backend(Inputs.of(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa), capability)
+        if backend == MATH or not _valid(dict(query=query, key=key, value=value, attn_mask=attn_mask,
+                                              dropout_p=dropout_p, is_causal=is_causal)):
+            return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                                             scale=scale, enable_gqa=enable_gqa)
+        lse = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)):
+            if backend == FLASH:
+                d = query.shape[-1]
+                q, k, v = query, key, value
+                if d % 8:
+                    q, k, v = (torch.nn.functional.pad(t, (0, 8 - d % 8)) for t in (q, k, v))
+                sc = scale if scale is not None else 1.0 / math.sqrt(d)
+                out = aten._scaled_dot_product_flash_attention(q, k, v, float(dropout_p), bool(is_causal), False,
+                                                               scale=sc)[0]
+                return out[..., :d] if d % 8 else out
+            key, value = _gqa_expand(key, value, query.shape[-3], enable_gqa)
+            bias = None if attn_mask is None else _bool_to_additive(attn_mask, query.dtype)
+            if backend == EFFICIENT:
+                if bias is not None:
+                    bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+                return aten._scaled_dot_product_efficient_attention(query, key, value, bias, lse, float(dropout_p),
+                                                                    bool(is_causal), scale=scale)[0]
+            return aten._scaled_dot_product_cudnn_attention(query, key, value, bias, lse, float(dropout_p),
+                                                            bool(is_causal), False, scale=scale)[0]
+
+    return torch._dynamo.allow_in_graph(attention)

@@ -1,0 +1,630 @@
+"""``torch.compile`` on the virtual GPU: the compiled step's own allocations.
+
+Under the tracer, ``torch.compile`` compiles for real, on the CPU, **for the target CUDA GPU**:
+Dynamo captures the graph on fake tensors whose device is ``cuda``, AOTAutograd partitions
+forward and backward with the partitioner and settings a GPU run uses, and Inductor lowers and
+schedules for ``cuda``. The Python wrapper Inductor generates (its ``empty_strided_cuda``
+buffers, ``del``s and reuses, extern kernels such as ``mm(out=)``) then runs under the tracer,
+so the trace holds the compiled step's allocations. Triton kernels are neither compiled nor
+run: a generated kernel allocates nothing. Research and measurements: ``docs/compile-on-cpu.md``.
+
+How the two worlds meet
+-----------------------
+xmem's traced tensors are CPU fakes that *report* ``cuda`` (``device_mode.py``). While a
+compiled function is called (:class:`CompiledCalls`), the device mode is off the
+torch-function stack (Dynamo would trace its handler into the graph) and the traced tensors'
+``device`` says ``cuda``, so Dynamo's own fake tensors are true ``cuda`` fakes: AOTAutograd and
+Inductor see a CUDA graph. The compiled graph's runtime (what a backend returns) runs with the
+device mode back on: ``empty_strided_cuda`` is a virtual-GPU allocation, as ``torch.empty`` is.
+Inductor's lazy backward compile happens inside ``backward()``; the tracer's modes let its
+compile-time ops through (``Tracer.compiling``). Code Dynamo leaves to Python between graphs (a
+graph break) runs without the device mode, so a graph break is named in the notes.
+
+What is not the GPU's
+---------------------
+Inductor's choices that a GPU makes by timing are made by fixed rules here: pad_mm pads no
+matmul, ``max-autotune`` is off (ATen kernels, no template workspaces), Triton autotuning
+never runs (no first-call clones). ``mode="reduce-overhead"`` (CUDA graphs) runs without graphs.
+Each is said in the notes where the script asked for it.
+
+On a torch without Triton (the CPU wheel) Inductor cannot generate CUDA code: compiled code
+runs eagerly, and the notes say why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+import traceback
+import time
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from xmem_engine.tracing.patches import eager_compiled, patched_attr, patched_item
+
+#: what ``torch.compile`` does under the tracer (``trace(compile=...)``, ``xmem estimate --compile``)
+COMPILE_MODES = ("inductor", "eager")
+
+#: the torch.compile modes whose GPU behaviour is not modelled, and what the notes say of them
+UNMODELLED_MODES = {
+    "reduce-overhead": ("CUDA graphs (mode='reduce-overhead') are not modelled: the compiled step ran without them. "
+                        "On a GPU their private memory pool keeps the step's buffers between steps, which can "
+                        "hold more memory than this estimate"),
+    "max-autotune": ("max-autotune's benchmarked kernel choices are not modelled: Inductor's default kernels "
+                     "(ATen matmuls) were assumed; a GPU may pick Triton templates, whose workspaces differ"),
+    "max-autotune-no-cudagraphs": ("max-autotune's benchmarked kernel choices are not modelled: Inductor's default "
+                                   "kernels (ATen matmuls) were assumed; a GPU may pick Triton templates"),
+}
+
+
+def compile_unavailable() -> str | None:
+    """Why Inductor cannot compile for CUDA in this process, or None."""
+    if not torch.backends.cuda.is_built():
+        return "this torch is a CPU build, without CUDA code generation"
+    try:
+        import triton  # noqa: F401
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.backends.nvidia.driver import CudaDriver  # noqa: F401
+    except Exception:  # noqa: BLE001 - any broken Triton install means the same
+        return "Triton is not installed (Inductor writes CUDA kernels in Triton)"
+    return None
+
+
+@dataclass
+class CompileRecord:
+    """What compiling did in one trace: where it was applied, what it made, how long it took."""
+
+    where: list[str] = field(default_factory=list)
+    graphs: int = 0
+    backward_graphs: int = 0
+    seconds: float = 0.0
+    graph_breaks: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    modes: set[str] = field(default_factory=set)
+    wrappers: list[str] = field(default_factory=list)  # Inductor's generated output code, in load order
+
+    def as_json(self) -> dict:
+        return {"where": list(self.where), "graphs": self.graphs, "backward_graphs": self.backward_graphs,
+                "seconds": round(self.seconds, 3), "graph_breaks": list(self.graph_breaks),
+                "failures": len(self.failures), "wrappers": list(self.wrappers)}
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.graphs:
+            where = ", ".join(self.where) or "(library code)"
+            bw = f" and {self.backward_graphs} backward" if self.backward_graphs else ""
+            out.append(f"torch.compile at {where}: compiled for the target GPU by Inductor on the CPU "
+                       f"({self.graphs} graph{'s' if self.graphs != 1 else ''}{bw}; the CPU compile took "
+                       f"{self.seconds:.1f} s). The estimate is the compiled step's: Inductor's buffers and "
+                       "the partitioner's saved activations")
+        if self.graph_breaks:
+            shown = "; ".join(self.graph_breaks[:3])
+            more = f" (and {len(self.graph_breaks) - 3} more)" if len(self.graph_breaks) > 3 else ""
+            out.append(f"torch.compile: {len(self.graph_breaks)} graph break{'s' if len(self.graph_breaks) != 1 else ''}, "
+                       f"the code between graphs ran eagerly: {shown}{more}")
+        out += self.failures
+        out += [UNMODELLED_MODES[m] for m in sorted(self.modes) if m in UNMODELLED_MODES]
+        return out
+
+
+#: ``torch.cuda.is_available`` as this machine answers it (False without a driver), taken before
+#: the tracer patches it to say True: a compiler must see the truth (see :func:`real_availability`)
+_REAL_IS_AVAILABLE = torch.cuda.is_available
+_REAL_ACCELERATOR = getattr(getattr(torch, "accelerator", None), "current_accelerator", None)
+
+
+@contextlib.contextmanager
+def real_availability() -> Iterator[None]:
+    """``torch.cuda.is_available()`` False (and no current accelerator) while compiling, as on
+    this machine: FakeTensorMode then installs CUDA's no-op device guard and makes its ``cuda``
+    tensors without initialising CUDA (Inductor's pattern tracing makes some), and Dynamo asks
+    no driver for RNG states or stream captures. The compilers' questions about the GPU itself
+    are answered by :func:`inductor_for_virtual_gpu`."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched_attr(torch.cuda, "is_available", _REAL_IS_AVAILABLE))
+        if _REAL_ACCELERATOR is not None:
+            stack.enter_context(patched_attr(torch.accelerator, "current_accelerator", _REAL_ACCELERATOR))
+        yield
+
+
+# ---------------------------------------------------------------- the virtual GPU, as Inductor sees it
+#: shared memory per block (opt-in) by compute capability: Triton's heuristics read it
+_SHARED_MEMORY_OPTIN = {(7, 0): 98_304, (7, 5): 65_536, (8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912,
+                        (8, 9): 101_376, (9, 0): 232_448, (10, 0): 232_448, (12, 0): 101_376}
+_THREADS_PER_SM = {(7, 5): 1024, (8, 6): 1536, (8, 9): 1536, (12, 0): 1536}
+
+
+def inductor_properties(props: Any) -> types.SimpleNamespace:
+    """``torch.cuda.get_device_properties`` for Inductor and Triton: the target GPU's, with the
+    fields their heuristics read (the tracer's own properties carry only what user code asks)."""
+    cc = (props.major, props.minor)
+    return types.SimpleNamespace(
+        name=props.name, major=props.major, minor=props.minor, total_memory=props.total_memory,
+        multi_processor_count=props.multi_processor_count, is_integrated=False, is_multi_gpu_board=False,
+        L2_cache_size=getattr(props, "L2_cache_size", 41_943_040), warp_size=32, gcnArchName="NVIDIA CUDA",
+        regs_per_multiprocessor=65_536, max_threads_per_multi_processor=_THREADS_PER_SM.get(cc, 2048),
+        max_threads_per_block=1024, shared_memory_per_block=49_152,
+        shared_memory_per_block_optin=_SHARED_MEMORY_OPTIN.get(cc, 101_376),
+        shared_memory_per_multiprocessor=_SHARED_MEMORY_OPTIN.get(cc, 101_376) + 1024,
+        uuid="xmem-virtual-gpu", pci_bus_id=0, pci_device_id=0, pci_domain_id=0,
+        clock_rate=1_500_000, memory_clock_rate=1_500_000, memory_bus_width=4096)
+
+
+class NoopKernel:
+    """What ``AsyncCompile.triton`` gives back: a launch that allocates and computes nothing."""
+
+    def __init__(self, name: str, source: str):
+        self.name, self.source = name, source
+        self.launches = 0
+
+    def run(self, *args: Any, **kwargs: Any) -> None:
+        self.launches += 1
+
+    __call__ = run
+
+
+class _NullGuard:
+    """``torch.cuda._DeviceGuard`` in the generated wrapper: one virtual GPU, nothing to switch."""
+
+    def __init__(self, index: int):
+        pass
+
+    def __enter__(self) -> "_NullGuard":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
+def virtualize_wrapper(mod: types.ModuleType) -> None:
+    """The generated wrapper module's globals that would reach the CUDA driver, made virtual."""
+    g = vars(mod)
+    # Under the device mode this is a recorded allocation on the virtual GPU.
+    g["empty_strided_cuda"] = lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype, device="cuda")
+    g["get_raw_stream"] = lambda index=0: 0
+    # The C++ helper builds a raw TensorImpl over the storage (a meta tensor, for a fake one).
+    g["reinterpret_tensor"] = lambda base, size, stride, offset: torch.as_strided(
+        base, size, stride, base.storage_offset() + offset)
+    if "copy_if_misaligned" in g:
+        g["copy_if_misaligned"] = lambda t: t
+    g["assert_alignment"] = lambda *a, **k: None
+
+
+class _CudaToCpu(torch.utils._python_dispatch.TorchDispatchMode):
+    """Real (not fake) ops Inductor runs at compile time on ``cuda`` (constant folding asks for
+    values) run on the CPU: only values and storage identities are read."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        d = kwargs.get("device")
+        if d is not None and torch.device(d).type == "cuda":
+            kwargs["device"] = torch.device("cpu")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType], None] = lambda mod: None
+                             ) -> Iterator[None]:
+    """Dynamo's device interface, Triton's driver and Inductor's compile-time queries answered
+    for the target GPU; Triton kernels made into :class:`NoopKernel`; no caches, no worker
+    pool, no benchmarking. Everything is put back on exit."""
+    import sys
+
+    import torch._dynamo.device_interface as di
+    import torch._inductor.config as icfg
+    import triton.runtime.driver  # noqa: F401
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.codecache import PyCodeCache
+    from torch._inductor.fx_passes import joint_graph, pad_mm
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+
+    p = inductor_properties(props)
+    cc = p.major * 10 + p.minor
+
+    class VirtualCudaInterface(di.CudaInterface):  # type: ignore[misc, valid-type]
+        class Worker:
+            set_device = staticmethod(lambda device: None)
+            current_device = staticmethod(lambda: 0)
+            get_device_properties = staticmethod(lambda device=None: p)
+
+        current_device = staticmethod(lambda: 0)
+        set_device = staticmethod(lambda device: None)
+        device_count = staticmethod(lambda: 1)
+        synchronize = staticmethod(lambda device=None: None)
+        get_device_properties = staticmethod(lambda device=None: p)
+        get_raw_stream = staticmethod(lambda device=0: 0)
+        exchange_device = staticmethod(lambda device: 0)
+        maybe_exchange_device = staticmethod(lambda device: 0)
+        memory_allocated = staticmethod(lambda device=None: 0)
+        is_bf16_supported = staticmethod(lambda including_emulation=False: p.major >= 8)
+        is_available = staticmethod(lambda: True)
+        get_compute_capability = staticmethod(lambda device=None: cc)
+        is_triton_capable = staticmethod(lambda device=None: True)
+
+    class VirtualUtils:
+        def get_device_properties(self, device: int = 0) -> dict:
+            return {"max_shared_mem": p.shared_memory_per_block_optin, "multiprocessor_count": p.multi_processor_count,
+                    "max_num_regs": p.regs_per_multiprocessor, "warpSize": 32, "sm_clock_rate": p.clock_rate,
+                    "mem_clock_rate": p.memory_clock_rate, "mem_bus_width": p.memory_bus_width}
+
+    class VirtualCudaDriver(CudaDriver):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:  # CudaDriver's would build a C helper against libcuda
+            self.utils = VirtualUtils()
+
+        def get_current_target(self) -> Any:
+            return GPUTarget("cuda", cc, 32)
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def set_current_device(self, device: int) -> None:
+            pass
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_device_capability(self, device: int = 0) -> tuple[int, int]:
+            return (p.major, p.minor)
+
+        def get_active_torch_device(self) -> torch.device:
+            return torch.device("cuda", 0)
+
+        @staticmethod
+        def is_active() -> bool:
+            return True
+
+    orig_load = PyCodeCache.load_by_key_path.__func__
+
+    def load_by_key_path(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        mod = orig_load(cls, *args, **kwargs)
+        if "empty_strided_cuda" in vars(mod):
+            virtualize_wrapper(mod)
+            on_wrapper(mod)
+        return mod
+
+    orig_fold = joint_graph.UniformValueConstantFolder.run
+
+    def fold(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _CudaToCpu():
+            return orig_fold(self, *args, **kwargs)
+
+    tdrv = sys.modules["triton.runtime.driver"].driver
+    with contextlib.ExitStack() as stack:
+        P = lambda obj, name, value: stack.enter_context(patched_attr(obj, name, value))  # noqa: E731
+        P(torch.cuda, "set_device", lambda device: None)
+        P(torch.cuda, "_DeviceGuard", _NullGuard)
+        P(torch.cuda, "get_device_properties", lambda device=None: p)
+        old = (tdrv._active, tdrv._default)
+        tdrv._active = tdrv._default = VirtualCudaDriver()
+        stack.callback(lambda: (setattr(tdrv, "_active", old[0]), setattr(tdrv, "_default", old[1])))
+        for key, value in dict(force_disable_caches=True, compile_threads=1, max_autotune=False,
+                               max_autotune_gemm=False, max_autotune_pointwise=False, cpp_wrapper=False).items():
+            if hasattr(icfg, key):
+                stack.enter_context(icfg.patch(key, value))
+        stack.enter_context(icfg.patch("triton.cudagraphs", False))
+        P(AsyncCompile, "triton", lambda self, kernel_name, source_code, device_str="cuda": NoopKernel(kernel_name, source_code))
+        P(AsyncCompile, "wait", lambda self, scope: None)
+        P(PyCodeCache, "load_by_key_path", classmethod(load_by_key_path))
+        P(joint_graph.UniformValueConstantFolder, "run", fold)
+        # pad_mm times padded and unpadded matmuls on real GPU tensors: "don't pad"
+        if hasattr(pad_mm, "get_cached_should_pad"):
+            P(pad_mm, "get_cached_should_pad", lambda key: False)
+        di.get_interface_for_device("cpu")  # the registry is filled on first use
+        stack.enter_context(patched_item(di.device_interfaces, "cuda", VirtualCudaInterface))
+        stack.enter_context(patched_item(di.device_interfaces, "cuda:0", VirtualCudaInterface))
+        # functools.cache'd answers about "the" GPU: this trace's target, none left behind
+        caches = _device_caches()
+        for c in caches:
+            c.cache_clear()
+        stack.callback(lambda: [c.cache_clear() for c in caches])
+        yield
+
+
+def _device_caches() -> list[Any]:
+    """Inductor's and Triton's ``functools.cache``d answers about the GPU."""
+    found = []
+    for modname, name in (("torch._inductor.runtime.hints", "DeviceProperties.create"),
+                          ("torch.utils._triton", "triton_backend"), ("torch.utils._triton", "triton_hash_with_backend"),
+                          ("torch._inductor.utils", "is_big_gpu"), ("torch._inductor.utils", "get_gpu_shared_memory")):
+        import importlib
+
+        try:
+            obj: Any = importlib.import_module(modname)
+        except ImportError:
+            continue
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+        if obj is not None and hasattr(obj, "cache_clear"):
+            found.append(obj)
+    return found
+
+
+# ---------------------------------------------------------------- torch.compile under the tracer
+class CompiledCalls:
+    """``torch.compile`` while tracing: the real one, with a backend that compiles for the
+    virtual GPU and a wrapper that takes the device mode off while Dynamo runs."""
+
+    def __init__(self, tracer: Any, stack: contextlib.ExitStack):
+        self.t = tracer
+        self.stack = stack  # the recording's: the Inductor patches are entered there, once
+        self.real_compile = torch.compile
+        # the tracer's answers (patched_cuda), for compiled code's runtime
+        self.virtual = {"is_available": torch.cuda.is_available}
+        if _REAL_ACCELERATOR is not None:
+            self.virtual["current_accelerator"] = torch.accelerator.current_accelerator
+        self.record = CompileRecord()
+        self.installed = False
+        self.attention: Callable[..., Any] | None = None  # sdpa.compiled_attention for the target GPU
+        self.unavailable = compile_unavailable()
+
+    # -- what the user calls
+    def compile(self, model: Any = None, *, fullgraph: bool = False, dynamic: bool | None = None,
+                backend: Any = "inductor", mode: str | None = None, options: dict | None = None,
+                disable: bool = False, **kwargs: Any) -> Any:
+        from xmem_engine.tracing.frames import library_frame
+
+        args = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options,
+                    disable=disable, **kwargs)
+        if model is None:
+            return lambda m: self.compile(m, **args)
+        if disable or not callable(model):
+            return self.real_compile(model, **args)
+        where = library_frame() or "(library code)"
+        reason = self.why_eager(backend)
+        if reason is not None:
+            return eager_compiled(model, where, reason, self.t.notes,
+                                  lambda args, kwargs: self.on_gpu(model, args, kwargs))
+        self.install()
+        if backend == "inductor":
+            inner: Any = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+            if mode:
+                self.record.modes.add(mode)
+        elif isinstance(backend, str):
+            from torch._dynamo.backends.registry import lookup_backend
+
+            inner = lookup_backend(backend)
+        else:
+            inner = backend
+        be = VirtualGPUBackend(self, inner, where)
+        compiled = self.real_compile(model, fullgraph=fullgraph, dynamic=dynamic, backend=be, disable=disable,
+                                     **kwargs)
+        if isinstance(compiled, torch.nn.Module):  # OptimizedModule: its forward enters Dynamo
+            compiled.forward = self.calls(compiled.forward, model)
+            return compiled
+        return functools.wraps(model)(self.calls(compiled, model)) if callable(compiled) else compiled
+
+    def why_eager(self, backend: Any) -> str | None:
+        if self.t.compile_mode == "eager":
+            return "asked: --compile eager"
+        if not self.t.fake:
+            return "real mode (compiling runs on fake tensors only)"
+        if self.unavailable:
+            return self.unavailable
+        return None
+
+    def install(self) -> None:
+        if not self.installed:
+            import warnings
+
+            # About the tracer's own module hooks, and caches xmem turns off: not the user's business.
+            warnings.filterwarnings("ignore", message="Using `torch.compile(module)` when there are global hooks")
+            warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
+            # Autograd asks the device guard of Dynamo's cuda fakes for their stream: the no-op
+            # guard FakeTensorMode installs where CUDA is unavailable (it checks
+            # torch.cuda.is_available(), which says True while tracing). Without a driver the
+            # real guard's error is thrown where C++ cannot catch it (the process aborts).
+            torch._C._ensureCUDADeviceGuardSet()
+            self.stack.enter_context(inductor_for_virtual_gpu(
+                self.t.vc.props, lambda mod: self.record.wrappers.append(getattr(mod, "__file__", "") or "")))
+            self.stack.callback(self._forget)
+            self.installed = True
+
+    def _forget(self) -> None:
+        """Compiled code is the trace's: the next trace (another GPU) compiles afresh."""
+        torch._dynamo.reset()
+
+    # -- calling compiled code
+    def calls(self, fn: Callable[..., Any], eager: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` (Dynamo's entry) called with the device mode off and the traced tensors
+        reporting ``cuda``; nested compiled calls run inside the outer one's Dynamo frame.
+        A call that touches no virtual-GPU tensor is host work (a library's CPU kernel, a
+        metric): ``eager`` runs it, as it allocates nothing on the GPU either way."""
+        t = self.t
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            mode = t.device_mode
+            if mode is None or not mode.on_stack() or t.compiling:
+                return fn(*args, **kwargs)
+            if not self.on_gpu(eager, args, kwargs):
+                return eager(*args, **kwargs)
+            breaks = _graph_breaks()
+            with without_function_mode(mode), _flag(t, "in_dynamo"), t.hooks_off(), real_availability(), \
+                    self.functions_for_dynamo():
+                out = fn(*args, **kwargs)
+            new = _graph_breaks() - breaks
+            if new:
+                self.record.graph_breaks += _break_reasons(new)
+            return out
+
+        call.__wrapped__ = fn  # type: ignore[attr-defined]
+        return call
+
+    @contextlib.contextmanager
+    def functions_for_dynamo(self) -> Iterator[None]:
+        """The functions the device mode rewrites, as Dynamo should see them: attention as the
+        target GPU's fused kernel (``sdpa.compiled_attention``), dropout as PyTorch's own
+        (Inductor makes its mask from seeds, as on a GPU)."""
+        import torch.nn.functional as F
+
+        from xmem_engine.tracing.sdpa import compiled_attention
+
+        if self.attention is None:
+            props = self.t.vc.props
+            self.attention = compiled_attention((props.major, props.minor))
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(patched_attr(F, "scaled_dot_product_attention", self.attention))
+            stack.enter_context(patched_attr(F, "dropout", getattr(F.dropout, "__wrapped__", F.dropout)))
+            yield
+
+    def on_gpu(self, model: Any, args: tuple, kwargs: dict) -> bool:
+        """The call reaches a virtual-GPU tensor: an argument, or the module's parameters."""
+        from torch.utils._pytree import tree_leaves
+
+        is_gpu = self.t.is_gpu
+        model = getattr(model, "__self__", model)  # a bound method: nn.Module.compile's _call_impl
+        if any(isinstance(x, torch.Tensor) and is_gpu(x) for x in tree_leaves((args, kwargs))):
+            return True
+        if isinstance(model, torch.nn.Module):
+            return any(is_gpu(p) for p in itertools.chain(model.parameters(), model.buffers()))
+        return False
+
+    # -- compiling
+    @contextlib.contextmanager
+    def compiling(self) -> Iterator[None]:
+        """A compile in progress: the tracer's modes let its ops through; AOTAutograd's
+        ``autograd.grad`` is the Python engine; SDPA is the target GPU's fused kernel."""
+        from xmem_engine.tracing import python_autograd
+
+        start = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_flag(self.t, "compiling"))
+            stack.enter_context(real_availability())
+            stack.enter_context(patched_attr(torch.autograd, "grad", python_autograd.grad))
+            try:
+                yield
+            finally:
+                self.record.seconds += time.perf_counter() - start
+
+    def runtime(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """A backend's compiled callable, run with the device mode on (as eager code runs)."""
+        t = self
+        virtual = self.virtual
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            mode = t.t.device_mode
+            if mode.on_stack():
+                return fn(*args, **kwargs)
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(patched_attr(torch.cuda, "is_available", virtual["is_available"]))
+                if "current_accelerator" in virtual:
+                    stack.enter_context(patched_attr(torch.accelerator, "current_accelerator",
+                                                     virtual["current_accelerator"]))
+                stack.enter_context(t.t.hooks_off(False))
+                stack.enter_context(_flag(t.t, "in_dynamo", False))
+                stack.enter_context(mode)
+                return fn(*args, **kwargs)
+
+        if getattr(fn, "_boxed_call", False):
+            run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+
+class VirtualGPUBackend:
+    """A Dynamo backend: ``inner`` (Inductor, or the backend the script named) compiling for the
+    virtual GPU; its compiled callables run under the tracer's device mode."""
+
+    def __init__(self, calls: CompiledCalls, inner: Any, where: str):
+        self.calls, self.inner, self.where = calls, inner, where
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+        rec = self.calls.record
+        if self.where not in rec.where:
+            rec.where.append(self.where)
+        example_inputs = _dynamo_fakes(gm, example_inputs)
+        try:
+            with self.calls.compiling():
+                if isinstance(self.inner, torch._TorchCompileInductorWrapper):
+                    fn = self._inductor(gm, example_inputs)
+                else:
+                    fn = self.inner(gm, example_inputs)
+        except Exception as e:  # noqa: BLE001 - any compile error: that graph runs eagerly, and is said
+            if os.environ.get("XMEM_DEBUG_COMPILE"):
+                traceback.print_exc()
+            rec.failures.append(f"torch.compile at {self.where}: compiling for the target GPU failed "
+                                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+                                "that graph ran eagerly")
+            return self.calls.runtime(gm.forward)
+        rec.graphs += 1
+        return self.calls.runtime(fn)
+
+    def _inductor(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        calls = self.calls
+
+        def inner_compile(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("is_backward"):
+                calls.record.backward_graphs += 1
+            if calls.t.compiling:
+                return compile_fx_inner(*args, **kwargs)
+            with calls.compiling():  # the lazy backward compile, inside backward()
+                return compile_fx_inner(*args, **kwargs)
+
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=dict(self.inner.config))
+
+
+# ---------------------------------------------------------------- small helpers
+def _dynamo_fakes(gm: torch.fx.GraphModule, example_inputs: list) -> list:
+    """The backend's example inputs as fake tensors of the compile's own fake mode (true
+    ``cuda`` fakes): Dynamo hands a backend the tensors it was called with, here the tracer's
+    CPU fakes, which the compiler would refuse to mix with its own (torch 2.10 does)."""
+    from torch._guards import TracingContext
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    ctx = TracingContext.try_get()
+    mode = getattr(ctx, "fake_mode", None)
+    values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(values) != len(example_inputs):
+        values = [None] * len(example_inputs)
+    out = []
+    for e, v in zip(example_inputs, values):
+        if isinstance(e, FakeTensor) and mode is not None and e.fake_mode is not mode:
+            e = v if isinstance(v, FakeTensor) and v.fake_mode is mode else mode.from_tensor(e)
+        out.append(e)
+    return out
+
+
+@contextlib.contextmanager
+def _flag(obj: Any, name: str, value: bool = True) -> Iterator[None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+@contextlib.contextmanager
+def without_function_mode(mode: Any) -> Iterator[None]:
+    """The torch-function mode stack without ``mode`` (the others keep their order)."""
+    n = torch._C._len_torch_function_stack()
+    modes = [torch._C._pop_torch_function_stack() for _ in range(n)][::-1]
+    for m in modes:
+        if m is not mode:
+            torch._C._push_on_torch_function_stack(m)
+    try:
+        yield
+    finally:
+        for _ in range(torch._C._len_torch_function_stack()):
+            torch._C._pop_torch_function_stack()
+        for m in modes:
+            torch._C._push_on_torch_function_stack(m)
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def _break_reasons(n: int) -> list[str]:
+    from torch._dynamo.utils import counters
+
+    reasons = list(counters["graph_break"].keys())[-n:]
+    return [str(r).splitlines()[0][:160] for r in reasons] or [f"{n} break(s)"]
