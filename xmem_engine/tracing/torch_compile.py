@@ -37,6 +37,7 @@ import contextlib
 import functools
 import itertools
 import os
+import re
 import traceback
 import time
 import types
@@ -413,7 +414,7 @@ class CompiledCalls:
             import warnings
 
             # About the tracer's own module hooks, and caches xmem turns off: not the user's business.
-            warnings.filterwarnings("ignore", message="Using `torch.compile(module)` when there are global hooks")
+            warnings.filterwarnings("ignore", message=re.escape("Using `torch.compile(module)` when there are global hooks"))
             warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
             # Autograd asks the device guard of Dynamo's cuda fakes for their stream: the no-op
             # guard FakeTensorMode installs where CUDA is unavailable (it checks
@@ -426,7 +427,12 @@ class CompiledCalls:
             self.installed = True
 
     def _forget(self) -> None:
-        """Compiled code is the trace's: the next trace (another GPU) compiles afresh."""
+        """Compiled code is the trace's: the next trace (another GPU) compiles afresh. The
+        trace's dead tensors go first: torch 2.10's Dynamo drops their entries from its graph
+        globals in weakref callbacks, which complain when ``reset`` has cleared them."""
+        import gc
+
+        gc.collect()
         torch._dynamo.reset()
 
     # -- calling compiled code

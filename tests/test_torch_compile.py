@@ -1,0 +1,142 @@
+"""torch.compile under the tracer compiles for the target GPU (xmem_engine/tracing/torch_compile.py).
+
+These run where Inductor can write CUDA code: a CUDA build of torch with Triton (PyPI's default
+Linux wheel: `make test-torch-ends`, `make test-finetune`); on the CPU build they skip, and
+tests/test_tracer.py checks the eager path there. The trace must hold exactly the buffers of the
+wrapper code Inductor generated, read back from its output file."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+import torch
+
+from xmem_engine.tracing import trace
+from xmem_engine.tracing.torch_compile import compile_unavailable
+
+pytestmark = pytest.mark.skipif(compile_unavailable() is not None,
+                                reason=f"Inductor cannot compile for CUDA here: {compile_unavailable()}")
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "total_memory": 85_045_870_592, "major": 9, "minor": 0,
+        "multi_processor_count": 132}
+
+MLP = """
+import torch, torch.nn as nn
+class MLP(nn.Module):
+    def __init__(s):
+        super().__init__(); s.l1 = nn.Linear(64, 256); s.l2 = nn.Linear(256, 64)
+    def forward(s, x, target):
+        return (s.l2(torch.relu(s.l1(x))) - target).square().mean()
+model = MLP().cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = torch.compile(model)
+x, t = torch.randn(32, 64, device="cuda"), torch.randn(32, 64, device="cuda")
+for i in range(2):
+    step(x, t).backward()
+    opt.step(); opt.zero_grad()
+"""
+
+GPT = """
+import torch, torch.nn as nn, torch.nn.functional as F
+class Block(nn.Module):
+    def __init__(s, d, h):
+        super().__init__(); s.h = h
+        s.ln1, s.attn, s.proj = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+        s.ln2, s.fc, s.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+    def forward(s, x):
+        B, T, C = x.shape
+        q, k, v = s.attn(s.ln1(x)).split(C, dim=2)
+        q, k, v = [t.view(B, T, s.h, C // s.h).transpose(1, 2) for t in (q, k, v)]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + s.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return x + s.fc2(F.gelu(s.fc(s.ln2(x))))
+class GPT(nn.Module):
+    def __init__(s, vocab=512, T=64, n_layer=2, d=128, h=4):
+        super().__init__()
+        s.wte, s.wpe = nn.Embedding(vocab, d), nn.Embedding(T, d)
+        s.blocks = nn.ModuleList([Block(d, h) for _ in range(n_layer)])
+        s.ln_f, s.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+    def forward(s, idx, targets):
+        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for b in s.blocks:
+            x = b(x)
+        logits = s.head(s.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+model = torch.compile(GPT().cuda())
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+idx = torch.randint(0, 512, (4, 64), device="cuda")
+for i in range(2):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(idx, idx)
+    loss.backward()
+    opt.step(); opt.zero_grad(set_to_none=True)
+"""
+
+
+def _buffers(path: str) -> list[tuple[int, ...]]:
+    """The shapes of the ``empty_strided_cuda`` buffers the wrapper's ``call`` allocates, in order."""
+    src = open(path).read()
+    body = src[src.index("def call(self, args):") if "def call(self, args):" in src else src.index("def call(args):"):]
+    shapes = []
+    for m in re.finditer(r"empty_strided_cuda\((\([^()]*\)), \([^()]*\), torch\.\w+\)", body):
+        shapes.append(tuple(ast.literal_eval(m.group(1))))
+    return shapes
+
+
+def _allocs(tr, iteration: int, phase: str) -> list[tuple[tuple[int, ...], str]]:
+    return [(tuple(e.shape), e.op) for e in tr.events
+            if e.kind == "alloc" and e.iteration == iteration and e.phase == phase]
+
+
+def test_the_trace_holds_exactly_the_wrappers_buffers():
+    tr = trace(MLP, {}, mode="fake", device=H100)
+    info = tr.meta["compile"]
+    assert info["graphs"] == 1 and info["backward_graphs"] == 1 and len(info["wrappers"]) == 2
+    forward, backward = (_buffers(p) for p in info["wrappers"])
+    assert forward and backward
+    for phase, expected in (("forward", forward), ("backward", backward)):
+        got = [shape for shape, op in _allocs(tr, 1, phase) if op == "aten.empty_strided.default"]
+        assert got == expected, phase
+    # nothing else allocates in the compiled forward (the loss's gradient seed is backward's)
+    assert [op for _, op in _allocs(tr, 1, "forward")] == ["aten.empty_strided.default"] * len(forward)
+    notes = [n for n in tr.meta["notes"] if n.startswith("torch.compile")]
+    assert len(notes) == 1 and "compiled for the target GPU" in notes[0] and "<cell>:10" in notes[0]
+
+
+def test_a_compiled_transformer_allocates_as_inductors_output_code_says():
+    compiled = trace(GPT, {}, mode="fake", device=H100)
+    eager = trace(GPT, {}, mode="fake", device=H100, compile="eager")
+    forward, backward = (_buffers(p) for p in compiled.meta["compile"]["wrappers"])
+    fwd = _allocs(compiled, 1, "forward")
+    # the wrapper's own buffers, in order; the rest are the fused attention kernel's outputs
+    # (an extern kernel, allocating as in eager code: cuDNN's on an H100 with bf16)
+    assert [s for s, op in fwd if op == "aten.empty_strided.default"] == forward
+    others = {op for _, op in fwd if op != "aten.empty_strided.default"}
+    assert others and all("attention" in op for op in others), others
+    bwd = [s for s, op in _allocs(compiled, 1, "backward") if op == "aten.empty_strided.default"]
+    assert bwd == backward
+    # Inductor fuses pointwise chains: fewer allocations than the eager step's, none by an
+    # elementwise op (eager code allocates each GELU's and each residual add's output)
+    eager_ops = [op for _, op in _allocs(eager, 1, "forward")]
+    assert len(fwd) < len(eager_ops) and "aten.gelu.default" in eager_ops and "aten.add.Tensor" in eager_ops
+    assert "compile" not in eager.meta
+    assert any("ran eagerly (asked: --compile eager)" in n for n in eager.meta["notes"])
+
+
+def test_compile_eager_equals_the_uncompiled_step():
+    tr = trace(MLP, {}, mode="fake", device=H100, compile="eager")
+    plain = trace(MLP.replace("torch.compile(model)", "model"), {}, mode="fake", device=H100)
+    assert [(e.kind, e.bytes, e.phase) for e in tr.events] == [(e.kind, e.bytes, e.phase) for e in plain.events]
+
+
+def test_compiled_code_leaves_no_compile_state_behind():
+    """Each trace compiles afresh for its own GPU; nothing it patched stays patched."""
+    import torch._dynamo.device_interface as di
+
+    before = (torch.cuda.is_available, torch.cuda.get_device_properties, di.device_interfaces.get("cuda"))
+    a = trace(MLP, {}, mode="fake", device=H100)
+    b = trace(MLP, {}, mode="fake", device=dict(H100, name="NVIDIA A100-SXM4-40GB", major=8, minor=0))
+    assert (torch.cuda.is_available, torch.cuda.get_device_properties, di.device_interfaces.get("cuda")) == before
+    assert a.meta["compile"]["graphs"] == b.meta["compile"]["graphs"] == 1
