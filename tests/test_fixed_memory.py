@@ -142,6 +142,9 @@ def test_a_process_group_of_several_ranks_pays_nccl():
     assert est.outside_allocator_bytes == h100.kernel_bytes + h100.nccl_bytes
     assert any(n.startswith("NCCL's communicator, outside PyTorch's allocator, is included") for n in est.notes)
     assert not any(n.startswith("not included: NCCL") for n in est.notes)  # the tracer's note, superseded
+    # a rank of a world that never makes a process group pays no NCCL
+    alone = estimate("import torch\nx = torch.ones(4, device='cuda')\n", "H100", world=World(4))
+    assert alone.outside_allocator_bytes == h100.kernel_bytes and not alone.fixed_memory.nccl_note()
 
 
 def test_the_libraries_a_step_pays_are_outside_the_allocator(catalog, traces, tmp_path):
@@ -203,9 +206,11 @@ def test_a_measured_figure_narrows_the_range_and_safe_follows_the_high_end(trace
 def test_both_readings_are_named_in_the_text_json_and_report(traces):
     est = estimate_trace(traces["mlp"], "H100")
     reserve = est.target.driver_reserved_bytes
-    assert est.driver_reserved_bytes == reserve
-    assert est.peak_total_minus_free_bytes == est.peak_device_bytes + reserve
+    readings = est.readings
+    assert readings.driver_reserved_bytes == reserve and readings.nvidia_smi_bytes == est.peak_device_bytes
+    assert readings.total_minus_free_bytes == est.peak_device_bytes + reserve
     j = est.to_json()
+    assert j["driver_reserved_bytes"] == reserve
     assert j["peak_total_minus_free_bytes"] == est.peak_device_bytes + reserve
     if est.peak_range is not None:
         assert j["peak_total_minus_free_bytes_high"] == est.peak_range.high_bytes + 551 * MiB
@@ -214,11 +219,11 @@ def test_both_readings_are_named_in_the_text_json_and_report(traces):
     assert j["fixed_memory"]["driver_reserved"]["bytes"] == reserve
     text = est.summary()
     assert "readings: nvidia-smi used" in text and "total - free (NVML v1 used" in text
-    assert est.readings_text == j["readings"] and est.to_report()["readings"] == j["readings"]
+    assert readings.describe() == j["readings"] == est.to_report()["readings"]
     # a GPU without a known reserve says so instead of guessing
     bare = estimate_trace(traces["mlp"], dataclasses.replace(est.target, driver_reserved_bytes=None))
-    assert bare.peak_total_minus_free_bytes is None and bare.to_json()["peak_total_minus_free_bytes_high"] is None
-    assert "unknown" in bare.readings_text
+    assert bare.readings.total_minus_free_bytes is None and bare.to_json()["peak_total_minus_free_bytes_high"] is None
+    assert "unknown" in bare.readings.describe()
 
 
 # ------------------------------------------------------------------ bad catalog input

@@ -11,15 +11,8 @@ Device memory, as ``nvidia-smi`` would show it for the process::
 
 ``context_bytes`` is the CUDA context (per GPU, from the catalog); ``outside_allocator_bytes``
 is library memory that does not pass through PyTorch's allocator: the kernels (PyTorch's,
-cuBLAS's) a step loads on first use, cuDNN's once it runs and NCCL's once a process group
-exists (``gpus/fixed_memory.py``: which ones the trace says). The allocator itself may reserve
-at most what remains of the GPU.
-
-Two readings of that peak, named as such everywhere: nvidia-smi's "used" (``peak_device_bytes``;
-``torch.cuda.mem_get_info``'s total - free reads the same) and NVML v1's ``used``, total - free
-as ``pynvml.nvmlDeviceGetMemoryInfo`` and many schedulers read it, which also counts the memory
-the driver reserves for itself (``peak_total_minus_free_bytes = peak_device_bytes +
-driver_reserved_bytes``).
+cuBLAS's) a step loads on first use, cuDNN's and NCCL's once it uses them (``gpus/fixed_memory.py``).
+The allocator may reserve at most what remains. NVML's total - free reads more: ``Estimate.readings``.
 """
 
 from __future__ import annotations
@@ -32,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from xmem_engine.calibration import PeakRange, peak_range
-from xmem_engine.gpus.fixed_memory import FixedMemory
+from xmem_engine.gpus.fixed_memory import FixedMemory, Readings, fixed_memory as fixed_memory_of
 from xmem_engine.simulation.alloc_conf import AllocatorConfig, parse_alloc_conf, require_native
 from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.gpus import GPU, get_gpu, load_catalog
@@ -60,18 +53,7 @@ class Timeline:
 
 @dataclass
 class Estimate:
-    """One estimate for one GPU. Byte figures are exact integers.
-
-    Two readings of the peak, for a reader to compare with the same reading of a real run:
-    ``peak_device_bytes`` is nvidia-smi's used (``torch.cuda.mem_get_info``'s total - free reads
-    the same); ``peak_total_minus_free_bytes`` is NVML v1's used, total - free as
-    ``pynvml.nvmlDeviceGetMemoryInfo`` and many schedulers read it: the same plus
-    ``driver_reserved_bytes``. Each has a range: ``peak_range`` (``peak_device_bytes_low`` /
-    ``_high`` in JSON) and ``total_minus_free_range`` (``peak_total_minus_free_bytes_low`` /
-    ``_high``); ``readings_text`` says both in words. ``fixed_memory`` holds the parts of the
-    process's fixed memory this step pays, with their sources and, where not measured on this
-    GPU, their ranges (already in both ranges).
-    """
+    """One estimate for one GPU, in exact bytes; ``readings``: nvidia-smi's used and NVML v1's total - free."""
 
     gpu: str  # catalog key, e.g. "A100-SXM4-40GB"
     gpu_name: str  # as nvidia-smi prints it
@@ -106,12 +88,7 @@ class Estimate:
     # A distributed run: the traced rank's world ({"size", "rank", "gpus_per_node"}); None: one process
     world: dict | None = None
     rank_peaks: dict[int, int] | None = None  # --rank all: each rank's peak device bytes (this is the largest)
-    # The step's fixed memory on this GPU (context, kernels, cuDNN, NCCL: gpus/fixed_memory.py),
-    # each part with its source and, where not measured on this GPU, its range.
-    fixed_memory: FixedMemory | None = None
-    # NVML's "Reserved" on this GPU: what total - free (NVML v1's used) counts over nvidia-smi's
-    # used. None: not known for this GPU (no nvidia-smi total in the catalog).
-    driver_reserved_bytes: int | None = None
+    fixed_memory: FixedMemory | None = None  # its parts on this GPU, sources, ranges, driver reserve
     trace: Trace | None = field(default=None, repr=False, compare=False)
     # What the simulation read: the GPU's catalog entry, and the trace's events as a CUDA
     # run on that GPU makes them (library workspaces added): the timeline's x axis.
@@ -141,37 +118,8 @@ class Estimate:
                 f"(allocated {gib(self.peak_allocated_bytes)} at the peak)")
 
     @property
-    def peak_total_minus_free_bytes(self) -> int | None:
-        """The peak as NVML v1's used reads it: total - free, the driver's reserve included (what
-        ``pynvml.nvmlDeviceGetMemoryInfo`` and schedulers reading it see). None: reserve unknown."""
-        if self.driver_reserved_bytes is None:
-            return None
-        return self.peak_device_bytes + self.driver_reserved_bytes
-
-    @property
-    def total_minus_free_range(self) -> tuple[int, int] | None:
-        """The range on the total - free reading: the peak's range plus the driver reserve's own
-        (it varies by driver), or None without either."""
-        if self.peak_range is None or self.driver_reserved_bytes is None:
-            return None
-        reserve = self.fixed_memory.driver_reserved if self.fixed_memory else None
-        low, high = ((reserve.low_bytes, reserve.high_bytes) if reserve is not None
-                     else (self.driver_reserved_bytes, self.driver_reserved_bytes))
-        return self.peak_range.low_bytes + low, self.peak_range.high_bytes + high
-
-    @property
-    def readings_text(self) -> str:
-        """Both readings of the peak, named, in one line (CLI, widget, report)."""
-        line = f"readings: nvidia-smi used {gib(self.peak_device_bytes)}"
-        both = self.peak_total_minus_free_bytes
-        if both is None:
-            return line + "; total - free (NVML v1 used): unknown, no driver reserve known for this GPU"
-        line += (f"; total - free (NVML v1 used, pynvml's default) {gib(both)}, "
-                 f"with the driver's reserve of {gib(self.driver_reserved_bytes)}")
-        rng = self.total_minus_free_range
-        if rng is not None:
-            line += f" (range {rng[0] / 2**30:.2f}-{rng[1] / 2**30:.2f} GiB)"
-        return line
+    def readings(self) -> Readings:  # the peak as nvidia-smi reads it, and as total - free (NVML v1) does
+        return Readings.of(self.peak_device_bytes, self.peak_range, self.fixed_memory)
 
     @property
     def backend_caveat(self) -> str | None:
@@ -225,11 +173,7 @@ class Estimate:
             "peak_device_bytes_low": self.peak_range.low_bytes if self.peak_range else None,
             "peak_device_bytes_high": self.peak_range.high_bytes if self.peak_range else None,
             "range": self.range_text,
-            "driver_reserved_bytes": self.driver_reserved_bytes,
-            "peak_total_minus_free_bytes": self.peak_total_minus_free_bytes,
-            "peak_total_minus_free_bytes_low": self.total_minus_free_range[0] if self.total_minus_free_range else None,
-            "peak_total_minus_free_bytes_high": self.total_minus_free_range[1] if self.total_minus_free_range else None,
-            "readings": self.readings_text,
+            **self.readings.to_json(),
             "fixed_memory": self.fixed_memory.to_json() if self.fixed_memory else None,
         }
 
@@ -274,9 +218,7 @@ class Estimate:
         lines = [self.headline, f"  {self.headline_detail}"]
         if self.peak_range is not None:
             lines.append(f"  {self.range_text}")
-        lines.append(f"  {self.readings_text}")
-        if self.fixed_memory is not None:
-            lines.append(f"  {self.fixed_memory.describe()}")
+        lines += [f"  {self.readings.describe()}"] + ([f"  {self.fixed_memory.describe()}"] if self.fixed_memory else [])
         if self.min_device_bytes is not None:
             lines.append(f"  runs in as little as {self.min_device_bytes / gib:.2f} GiB: under a tighter cap "
                          "the allocator frees its cache and retries, with no margin for variation")
@@ -414,8 +356,8 @@ def estimate_trace(
     This is what a GPU switch in the widget calls; it takes milliseconds.
     """
     from xmem_engine.gpus.cuda_libraries import adapt_trace
-    from xmem_engine.gpus.fixed_memory import fixed_memory
     from xmem_engine.tracing.cuda_temporaries import resized_by_sm
+    from xmem_engine.tracing.distributed import NCCL_NOTE  # the tracer's: the code made a process group
 
     t0 = time.perf_counter()
     target = resolve_gpu(gpu)
@@ -432,7 +374,8 @@ def estimate_trace(
             f"{traced_cc[0]}.{traced_cc[1]} (the GPU it was traced for); on {target.name} "
             f"({target.compute_capability[0]}.{target.compute_capability[1]}) it may pick another: "
             f"estimate for this GPU directly for its own choice"]
-    fixed = fixed_memory(target, tr)
+    traced_notes = [str(n) for n in tr.meta.get("notes", ())]
+    fixed = fixed_memory_of(target, tr, process_group=NCCL_NOTE in traced_notes)
     outside = fixed.library_bytes
     limit = allocator_limit(target, outside)
     # Unified memory (bitsandbytes' paged optimizer states): on the device as nvidia-smi counts
@@ -473,16 +416,8 @@ def estimate_trace(
         notes = notes + [f"{n} cuDNN workspace{'s' if n != 1 else ''} measured for this GPU did not fit here: "
                          f"cuDNN then runs an engine config that needs less (taken as none)"]
     rng = peak_range(tr, peak_device, target.context_bytes, fixed=fixed)
-    traced_notes = [str(n) for n in tr.meta.get("notes", ())]
-    nccl = next((p for p in fixed.parts if p.name == "nccl_bytes"), None)
-    if nccl is not None:
-        from xmem_engine.tracing.distributed import NCCL_NOTE
-
-        traced_notes = [n for n in traced_notes if n != NCCL_NOTE]
-        notes = notes + [
-            f"NCCL's communicator, outside PyTorch's allocator, is included as fixed memory: {nccl.bytes >> 20:,} MiB "
-            f"(range {nccl.low_bytes >> 20:,}-{nccl.high_bytes >> 20:,} MiB; it grows with channels, peers and "
-            f"algorithm, and an all-to-all connects many more; the traced code's backend is taken to be NCCL)"]
+    if fixed.nccl_note():  # included now: the tracer's "not included" note goes
+        notes, traced_notes = notes + [fixed.nccl_note()], [n for n in traced_notes if n != NCCL_NOTE]
     t1 = time.perf_counter()
     return Estimate(
         gpu=target.key,
@@ -516,7 +451,6 @@ def estimate_trace(
         peak_range=rng,
         world=dict(tr.meta["world"]) if tr.meta.get("world") else None,
         fixed_memory=fixed,
-        driver_reserved_bytes=target.driver_reserved_bytes,
         trace=tr,
         target=target,
         simulated_events=events,

@@ -86,10 +86,11 @@ def parts(gpu: GPU) -> list[FixedPart]:
     return [part(gpu, n) for n in ("context_bytes", "kernel_bytes", "cudnn_bytes", "nccl_bytes")]
 
 
-def libraries_used(trace: Trace | list[TraceEvent]) -> frozenset[str]:
+def libraries_used(trace: Trace | list[TraceEvent], process_group: bool | None = None) -> frozenset[str]:
     """What the traced step initialises on a GPU: ``"kernels"`` when it put anything there (its
     ops load PyTorch's and, at the first matmul, cuBLAS's kernels), ``"cudnn"`` when a cuDNN op
-    ran, ``"nccl"`` when it made a process group of more than one rank."""
+    ran, ``"nccl"`` when it made a process group (``process_group``: the estimate reads the
+    tracer's note; None: taken as made) in a world of more than one rank."""
     events = trace.events if isinstance(trace, Trace) else trace
     meta = trace.meta if isinstance(trace, Trace) else {}
     allocs = [e for e in events if e.kind == ALLOC]
@@ -99,18 +100,9 @@ def libraries_used(trace: Trace | list[TraceEvent]) -> frozenset[str]:
     types = set((meta.get("module_types") or {}).values())
     if meta.get("convolutions") or types & RNN_MODULES or any(e.op.startswith(CUDNN_OP_PREFIXES) for e in allocs):
         used.add("cudnn")
-    if made_process_group(meta):
+    if int((meta.get("world") or {}).get("size", 1)) > 1 and process_group is not False:
         used.add("nccl")
     return frozenset(used)
-
-
-def made_process_group(meta: dict) -> bool:
-    """Whether the traced code made a process group of more than one rank (the tracer notes
-    NCCL's buffers when it made one; the world says how many ranks)."""
-    from xmem_engine.tracing.distributed import NCCL_NOTE
-
-    world = meta.get("world") or {}
-    return NCCL_NOTE in (meta.get("notes") or ()) and int(world.get("size", 1)) > 1
 
 
 LIBRARY_PARTS = {"kernels": "kernel_bytes", "cudnn": "cudnn_bytes", "nccl": "nccl_bytes"}
@@ -161,16 +153,86 @@ class FixedMemory:
             line += "; measured on this GPU"
         return line
 
+    def nccl_note(self) -> str | None:
+        """The estimate's note on NCCL's memory, when the step pays it."""
+        nccl = next((p for p in self.parts if p.name == "nccl_bytes"), None)
+        if nccl is None:
+            return None
+        return (f"NCCL's communicator, outside PyTorch's allocator, is included as fixed memory: "
+                f"{nccl.bytes >> 20:,} MiB (range {nccl.low_bytes >> 20:,}-{nccl.high_bytes >> 20:,} MiB; it grows "
+                f"with channels, peers and algorithm, and an all-to-all connects many more; the traced code's "
+                f"backend is taken to be NCCL)")
+
     def to_json(self) -> dict:
         return {"bytes": self.bytes, "low_bytes": self.bytes - self.below_bytes,
                 "high_bytes": self.bytes + self.above_bytes, "parts": [p.to_json() for p in self.parts],
                 "driver_reserved": self.driver_reserved.to_json() if self.driver_reserved else None}
 
 
-def fixed_memory(gpu: GPU, trace: Trace | list[TraceEvent]) -> FixedMemory:
+def fixed_memory(gpu: GPU, trace: Trace | list[TraceEvent], process_group: bool | None = None) -> FixedMemory:
     """The fixed memory ``trace``'s step pays on ``gpu`` (see :func:`libraries_used`)."""
-    used = libraries_used(trace)
+    used = libraries_used(trace, process_group)
     paid = [part(gpu, "context_bytes")] + [part(gpu, LIBRARY_PARTS[lib]) for lib in ("kernels", "cudnn", "nccl")
                                           if lib in used]
     reserve = part(gpu, "driver_reserved_bytes") if gpu.driver_reserved_bytes is not None else None
     return FixedMemory(gpu.key, tuple(paid), reserve)
+
+
+@dataclass(frozen=True)
+class Readings:
+    """Two readings of one peak, so that a scheduler compares like with like.
+
+    ``nvidia_smi_bytes``: nvidia-smi's used (``torch.cuda.mem_get_info``'s total - free reads the
+    same: its total, totalGlobalMem, already leaves the driver's reserve out). ``total_minus_free_bytes``:
+    NVML v1's used, total - free as ``pynvml.nvmlDeviceGetMemoryInfo`` and many schedulers and
+    monitors read it, which also counts the driver's reserve (NVML v2's "Reserved"). Each with its
+    range: the estimate's, and for total - free also the reserve's own (it varies by driver).
+    """
+
+    nvidia_smi_bytes: int
+    low_bytes: int | None  # the nvidia-smi reading's range (None without a calibrated range)
+    high_bytes: int | None
+    driver_reserved: FixedPart | None  # None: not known for this GPU
+
+    @classmethod
+    def of(cls, peak_bytes: int, peak_range, fixed: FixedMemory | None) -> "Readings":
+        """From an estimate's peak, its range (``calibration.PeakRange`` or None) and fixed memory."""
+        return cls(peak_bytes, peak_range.low_bytes if peak_range else None,
+                   peak_range.high_bytes if peak_range else None, fixed.driver_reserved if fixed else None)
+
+    @property
+    def driver_reserved_bytes(self) -> int | None:
+        return self.driver_reserved.bytes if self.driver_reserved else None
+
+    @property
+    def total_minus_free_bytes(self) -> int | None:
+        r = self.driver_reserved
+        return None if r is None else self.nvidia_smi_bytes + r.bytes
+
+    @property
+    def total_minus_free_range(self) -> tuple[int, int] | None:
+        r = self.driver_reserved
+        if r is None or self.low_bytes is None or self.high_bytes is None:
+            return None
+        return self.low_bytes + r.low_bytes, self.high_bytes + r.high_bytes
+
+    def describe(self) -> str:
+        gib = 1 << 30
+        line = f"readings: nvidia-smi used {self.nvidia_smi_bytes / gib:.2f} GiB"
+        both, r = self.total_minus_free_bytes, self.driver_reserved
+        if both is None or r is None:
+            return line + "; total - free (NVML v1 used): unknown, no driver reserve known for this GPU"
+        line += (f"; total - free (NVML v1 used, pynvml's default) {both / gib:.2f} GiB, with the driver's reserve "
+                 f"of {r.bytes / gib:.2f} GiB")
+        rng = self.total_minus_free_range
+        return line + (f" (range {rng[0] / gib:.2f}-{rng[1] / gib:.2f} GiB)" if rng else "")
+
+    def to_json(self) -> dict:
+        """The JSON and report fields: ``driver_reserved_bytes``, ``peak_total_minus_free_bytes``
+        with ``_low`` / ``_high``, and ``readings`` (both in words)."""
+        rng = self.total_minus_free_range
+        return {"driver_reserved_bytes": self.driver_reserved_bytes,
+                "peak_total_minus_free_bytes": self.total_minus_free_bytes,
+                "peak_total_minus_free_bytes_low": rng[0] if rng else None,
+                "peak_total_minus_free_bytes_high": rng[1] if rng else None,
+                "readings": self.describe()}
