@@ -140,3 +140,31 @@ def test_compiled_code_leaves_no_compile_state_behind():
     b = trace(MLP, {}, mode="fake", device=dict(H100, name="NVIDIA A100-SXM4-40GB", major=8, minor=0))
     assert (torch.cuda.is_available, torch.cuda.get_device_properties, di.device_interfaces.get("cuda")) == before
     assert a.meta["compile"]["graphs"] == b.meta["compile"]["graphs"] == 1
+
+
+GRAPH_BREAK = """
+import os, torch, torch.nn as nn
+class M(nn.Module):
+    def __init__(s):
+        super().__init__(); s.l1 = nn.Linear(64, 256); s.l2 = nn.Linear(256, 64)
+    def forward(s, x):
+        h = torch.relu(s.l1(x))
+        print(h.mean().item(), file=sink)  # Dynamo breaks the graph here
+        return s.l2(h).square().mean()
+sink = open(os.devnull, "w")
+step = torch.compile(M().cuda())
+x = torch.randn(32, 64, device="cuda")
+for i in range(2):
+    step(x).backward()
+"""
+
+
+def test_a_graph_break_compiles_two_graphs_and_is_named():
+    tr = trace(GRAPH_BREAK, {}, mode="fake", device=H100)
+    assert tr.meta["compile"]["graphs"] >= 2 and tr.meta["compile"]["failures"] == 0
+    notes = [n for n in tr.meta["notes"] if n.startswith("torch.compile")]
+    assert len(notes) == 2 and "graph break" in notes[1] and "item()" in notes[1]
+    # the forward graphs' wrapper buffers (backward wrappers take tangents), in order
+    forward = [p for p in tr.meta["compile"]["wrappers"] if "tangents_" not in open(p).read()]
+    got = [s for s, op in _allocs(tr, 1, "forward") if op == "aten.empty_strided.default"]
+    assert len(forward) >= 2 and got == [b for p in forward for b in _buffers(p)]

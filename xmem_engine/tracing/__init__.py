@@ -52,8 +52,11 @@ How it works
   whose collectives fill their outputs in place; autograd's engine runs with the device mode
   on, so backward hooks (FSDP's) see the virtual device; ``UntypedStorage.resize_`` (FSDP's
   way of freeing unsharded parameters) is reported like an op's resize.
-* CPU-only conveniences: ``DataLoader`` workers load in-process, ``torch.compile`` returns
-  the model unchanged, NVTX ranges and CUDA events do nothing, cuDNN is refused (RNNs run
+* ``torch.compile`` compiles for the target GPU (``torch_compile.py``): Dynamo, AOTAutograd and
+  Inductor run on the CPU for ``cuda`` (where this torch has Triton; else compiled code runs
+  eagerly, and the notes say why), and the wrapper code Inductor generates runs under the
+  tracer, so the trace holds the compiled step's buffers.
+* CPU-only conveniences: ``DataLoader`` workers load in-process, NVTX ranges and CUDA events do nothing, cuDNN is refused (RNNs run
   the CPU kernels in both modes, on a CUDA build of torch too), packed sequences keep their
   ``batch_sizes`` on the host (``packed_sequences.py``).
 
@@ -87,6 +90,8 @@ Where things are
 ``checkpoints.py``    ``torch.save`` / ``torch.load`` and safetensors on the virtual GPU
 ``bitsandbytes_shim.py``  bitsandbytes (once imported): 4/8-bit parameters over fake data,
                       ``gemm_4bit``'s CUDA temporaries, paged optimizer states as unified memory
+``torch_compile.py``  ``torch.compile`` for the target GPU: Inductor's buffers, not eager code's
+``python_autograd.py``  the autograd engine AOTAutograd's joint graph runs through while compiling
 ``triton_launches.py``  Triton kernels (Liger, TRL, a user's ``@triton.jit``): launches counted,
                       not compiled or run; the tensors they write lose their known values
 ``packed_sequences.py``  ``pack_padded_sequence`` / ``pad_packed_sequence`` on the virtual GPU

@@ -550,6 +550,8 @@ class VirtualGPUBackend:
                 else:
                     fn = self.inner(gm, example_inputs)
         except Exception as e:  # noqa: BLE001 - any compile error: that graph runs eagerly, and is said
+            if _dynamo_control_flow(e):
+                raise  # Dynamo restarting its analysis (e.g. with a scalar made a tensor): not a failure
             if os.environ.get("XMEM_DEBUG_COMPILE"):
                 traceback.print_exc()
             rec.failures.append(f"torch.compile at {self.where}: compiling for the target GPU failed "
@@ -594,6 +596,13 @@ def _dynamo_fakes(gm: torch.fx.GraphModule, example_inputs: list) -> list:
             e = v if isinstance(v, FakeTensor) and v.fake_mode is mode else mode.from_tensor(e)
         out.append(e)
     return out
+
+
+def _dynamo_control_flow(e: BaseException) -> bool:
+    from torch._dynamo import exc
+
+    kinds = tuple(k for k in (getattr(exc, "RestartAnalysis", None), getattr(exc, "SkipFrame", None)) if k)
+    return isinstance(e, kinds)
 
 
 @contextlib.contextmanager
