@@ -607,44 +607,6 @@ class Tracer:
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack))
             yield self
 
-    @contextlib.contextmanager
-    def hooks_off(self, off: bool = True) -> Iterator[None]:
-        """The tracer's module and saved-tensor hooks off (``off=False``: back on, inside a
-        region where they are off), as they were at exit. Dynamo would trace them into a
-        compiled graph; the compiled graph's runtime has them on again, its saved tensors
-        being activations like any (``torch_compile.py``)."""
-        import torch.nn.modules.module as module_mod
-
-        hooks = ((module_mod._global_forward_pre_hooks, -1, self._forward_pre),
-                 (module_mod._global_forward_hooks, -2, self._forward_post))
-        changed = []
-        for d, key, fn in hooks:
-            present = [k for k, v in d.items() if v == fn]
-            if off:
-                for k in present:
-                    changed.append((d, k, d.pop(k), True))
-            elif not present:
-                d[key] = fn
-                changed.append((d, key, fn, False))
-        top = torch._C._autograd._top_saved_tensors_default_hooks(True)
-        mine = top is not None and top[0] == self._pack
-        if off and mine:
-            torch._C._autograd._pop_saved_tensors_default_hooks()
-        elif not off and not mine:
-            torch._C._autograd._push_saved_tensors_default_hooks(self._pack, _unpack)
-        try:
-            yield
-        finally:
-            for d, k, fn, removed in changed:
-                if removed:
-                    d[k] = fn
-                else:
-                    d.pop(k, None)
-            if off and mine:
-                torch._C._autograd._push_saved_tensors_default_hooks(self._pack, _unpack)
-            elif not off and not mine:
-                torch._C._autograd._pop_saved_tensors_default_hooks()
-
     def close(self) -> None:
         """The run is over: frees still pending are recorded, later ones are not."""
         if self._pending_frees and not self._busy:

@@ -1,0 +1,251 @@
+"""The virtual GPU as Dynamo, Inductor and Triton see it while ``torch.compile`` runs on the CPU.
+
+Every query a compiler makes about "the" CUDA device (Dynamo's device interface, Triton's
+driver and target, Inductor's device properties and ``functools.cache``d answers) is answered
+for the target GPU; Triton kernels become :class:`NoopKernel`; the generated wrapper's
+driver calls are made virtual (:func:`virtualize_wrapper`); no caches, no worker pool, no
+benchmarking. ``torch_compile.py`` enters :func:`inductor_for_virtual_gpu` for a trace that
+compiles. Research: ``docs/compile-on-cpu.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Any, Callable, Iterator
+
+import torch
+
+from xmem_engine.tracing.patches import patched_attr, patched_item
+
+#: ``torch.cuda.is_available`` as this machine answers it (False without a driver), taken before
+#: the tracer patches it to say True: a compiler must see the truth (see :func:`real_availability`)
+REAL_IS_AVAILABLE = torch.cuda.is_available
+REAL_ACCELERATOR = getattr(getattr(torch, "accelerator", None), "current_accelerator", None)
+
+
+@contextlib.contextmanager
+def real_availability() -> Iterator[None]:
+    """``torch.cuda.is_available()`` False (and no current accelerator) while compiling, as on
+    this machine: FakeTensorMode then installs CUDA's no-op device guard and makes its ``cuda``
+    tensors without initialising CUDA (Inductor's pattern tracing makes some), and Dynamo asks
+    no driver for RNG states or stream captures. The compilers' questions about the GPU itself
+    are answered by :func:`inductor_for_virtual_gpu`."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched_attr(torch.cuda, "is_available", REAL_IS_AVAILABLE))
+        if REAL_ACCELERATOR is not None:
+            stack.enter_context(patched_attr(torch.accelerator, "current_accelerator", REAL_ACCELERATOR))
+        yield
+
+
+# ---------------------------------------------------------------- the virtual GPU, as Inductor sees it
+#: shared memory per block (opt-in) by compute capability: Triton's heuristics read it
+_SHARED_MEMORY_OPTIN = {(7, 0): 98_304, (7, 5): 65_536, (8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912,
+                        (8, 9): 101_376, (9, 0): 232_448, (10, 0): 232_448, (12, 0): 101_376}
+_THREADS_PER_SM = {(7, 5): 1024, (8, 6): 1536, (8, 9): 1536, (12, 0): 1536}
+
+
+def inductor_properties(props: Any) -> types.SimpleNamespace:
+    """``torch.cuda.get_device_properties`` for Inductor and Triton: the target GPU's, with the
+    fields their heuristics read (the tracer's own properties carry only what user code asks)."""
+    cc = (props.major, props.minor)
+    return types.SimpleNamespace(
+        name=props.name, major=props.major, minor=props.minor, total_memory=props.total_memory,
+        multi_processor_count=props.multi_processor_count, is_integrated=False, is_multi_gpu_board=False,
+        L2_cache_size=getattr(props, "L2_cache_size", 41_943_040), warp_size=32, gcnArchName="NVIDIA CUDA",
+        regs_per_multiprocessor=65_536, max_threads_per_multi_processor=_THREADS_PER_SM.get(cc, 2048),
+        max_threads_per_block=1024, shared_memory_per_block=49_152,
+        shared_memory_per_block_optin=_SHARED_MEMORY_OPTIN.get(cc, 101_376),
+        shared_memory_per_multiprocessor=_SHARED_MEMORY_OPTIN.get(cc, 101_376) + 1024,
+        uuid="xmem-virtual-gpu", pci_bus_id=0, pci_device_id=0, pci_domain_id=0,
+        clock_rate=1_500_000, memory_clock_rate=1_500_000, memory_bus_width=4096)
+
+
+class NoopKernel:
+    """What ``AsyncCompile.triton`` gives back: a launch that allocates and computes nothing."""
+
+    def __init__(self, name: str, source: str):
+        self.name, self.source = name, source
+        self.launches = 0
+
+    def run(self, *args: Any, **kwargs: Any) -> None:
+        self.launches += 1
+
+    __call__ = run
+
+
+class _NullGuard:
+    """``torch.cuda._DeviceGuard`` in the generated wrapper: one virtual GPU, nothing to switch."""
+
+    def __init__(self, index: int):
+        pass
+
+    def __enter__(self) -> "_NullGuard":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
+def virtualize_wrapper(mod: types.ModuleType) -> None:
+    """The generated wrapper module's globals that would reach the CUDA driver, made virtual."""
+    g = vars(mod)
+    # Under the device mode this is a recorded allocation on the virtual GPU.
+    g["empty_strided_cuda"] = lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype, device="cuda")
+    g["get_raw_stream"] = lambda index=0: 0
+    # The C++ helper builds a raw TensorImpl over the storage (a meta tensor, for a fake one).
+    g["reinterpret_tensor"] = lambda base, size, stride, offset: torch.as_strided(
+        base, size, stride, base.storage_offset() + offset)
+    if "copy_if_misaligned" in g:
+        g["copy_if_misaligned"] = lambda t: t
+    g["assert_alignment"] = lambda *a, **k: None
+
+
+class _CudaToCpu(torch.utils._python_dispatch.TorchDispatchMode):
+    """Real (not fake) ops Inductor runs at compile time on ``cuda`` (constant folding asks for
+    values) run on the CPU: only values and storage identities are read."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        d = kwargs.get("device")
+        if d is not None and torch.device(d).type == "cuda":
+            kwargs["device"] = torch.device("cpu")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType], None] = lambda mod: None
+                             ) -> Iterator[None]:
+    """Dynamo's device interface, Triton's driver and Inductor's compile-time queries answered
+    for the target GPU; Triton kernels made into :class:`NoopKernel`; no caches, no worker
+    pool, no benchmarking. Everything is put back on exit."""
+    import sys
+
+    import torch._dynamo.device_interface as di
+    import torch._inductor.config as icfg
+    import triton.runtime.driver  # noqa: F401
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.codecache import PyCodeCache
+    from torch._inductor.fx_passes import joint_graph, pad_mm
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+
+    p = inductor_properties(props)
+    cc = p.major * 10 + p.minor
+
+    class VirtualCudaInterface(di.CudaInterface):  # type: ignore[misc, valid-type]
+        class Worker:
+            set_device = staticmethod(lambda device: None)
+            current_device = staticmethod(lambda: 0)
+            get_device_properties = staticmethod(lambda device=None: p)
+
+        current_device = staticmethod(lambda: 0)
+        set_device = staticmethod(lambda device: None)
+        device_count = staticmethod(lambda: 1)
+        synchronize = staticmethod(lambda device=None: None)
+        get_device_properties = staticmethod(lambda device=None: p)
+        get_raw_stream = staticmethod(lambda device=0: 0)
+        exchange_device = staticmethod(lambda device: 0)
+        maybe_exchange_device = staticmethod(lambda device: 0)
+        memory_allocated = staticmethod(lambda device=None: 0)
+        is_bf16_supported = staticmethod(lambda including_emulation=False: p.major >= 8)
+        is_available = staticmethod(lambda: True)
+        get_compute_capability = staticmethod(lambda device=None: cc)
+        is_triton_capable = staticmethod(lambda device=None: True)
+
+    class VirtualUtils:
+        def get_device_properties(self, device: int = 0) -> dict:
+            return {"max_shared_mem": p.shared_memory_per_block_optin, "multiprocessor_count": p.multi_processor_count,
+                    "max_num_regs": p.regs_per_multiprocessor, "warpSize": 32, "sm_clock_rate": p.clock_rate,
+                    "mem_clock_rate": p.memory_clock_rate, "mem_bus_width": p.memory_bus_width}
+
+    class VirtualCudaDriver(CudaDriver):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:  # CudaDriver's would build a C helper against libcuda
+            self.utils = VirtualUtils()
+
+        def get_current_target(self) -> Any:
+            return GPUTarget("cuda", cc, 32)
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def set_current_device(self, device: int) -> None:
+            pass
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_device_capability(self, device: int = 0) -> tuple[int, int]:
+            return (p.major, p.minor)
+
+        def get_active_torch_device(self) -> torch.device:
+            return torch.device("cuda", 0)
+
+        @staticmethod
+        def is_active() -> bool:
+            return True
+
+    orig_load = PyCodeCache.load_by_key_path.__func__
+
+    def load_by_key_path(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        mod = orig_load(cls, *args, **kwargs)
+        if "empty_strided_cuda" in vars(mod):
+            virtualize_wrapper(mod)
+            on_wrapper(mod)
+        return mod
+
+    orig_fold = joint_graph.UniformValueConstantFolder.run
+
+    def fold(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _CudaToCpu():
+            return orig_fold(self, *args, **kwargs)
+
+    tdrv = sys.modules["triton.runtime.driver"].driver
+    with contextlib.ExitStack() as stack:
+        P = lambda obj, name, value: stack.enter_context(patched_attr(obj, name, value))  # noqa: E731
+        P(torch.cuda, "set_device", lambda device: None)
+        P(torch.cuda, "_DeviceGuard", _NullGuard)
+        P(torch.cuda, "get_device_properties", lambda device=None: p)
+        old = (tdrv._active, tdrv._default)
+        tdrv._active = tdrv._default = VirtualCudaDriver()
+        stack.callback(lambda: (setattr(tdrv, "_active", old[0]), setattr(tdrv, "_default", old[1])))
+        for key, value in dict(force_disable_caches=True, compile_threads=1, max_autotune=False,
+                               max_autotune_gemm=False, max_autotune_pointwise=False, cpp_wrapper=False).items():
+            if hasattr(icfg, key):
+                stack.enter_context(icfg.patch(key, value))
+        stack.enter_context(icfg.patch("triton.cudagraphs", False))
+        P(AsyncCompile, "triton", lambda self, kernel_name, source_code, device_str="cuda": NoopKernel(kernel_name, source_code))
+        P(AsyncCompile, "wait", lambda self, scope: None)
+        P(PyCodeCache, "load_by_key_path", classmethod(load_by_key_path))
+        P(joint_graph.UniformValueConstantFolder, "run", fold)
+        # pad_mm times padded and unpadded matmuls on real GPU tensors: "don't pad"
+        if hasattr(pad_mm, "get_cached_should_pad"):
+            P(pad_mm, "get_cached_should_pad", lambda key: False)
+        di.get_interface_for_device("cpu")  # the registry is filled on first use
+        stack.enter_context(patched_item(di.device_interfaces, "cuda", VirtualCudaInterface))
+        stack.enter_context(patched_item(di.device_interfaces, "cuda:0", VirtualCudaInterface))
+        # functools.cache'd answers about "the" GPU: this trace's target, none left behind
+        caches = _device_caches()
+        for c in caches:
+            c.cache_clear()
+        stack.callback(lambda: [c.cache_clear() for c in caches])
+        yield
+
+
+def _device_caches() -> list[Any]:
+    """Inductor's and Triton's ``functools.cache``d answers about the GPU."""
+    found = []
+    for modname, name in (("torch._inductor.runtime.hints", "DeviceProperties.create"),
+                          ("torch.utils._triton", "triton_backend"), ("torch.utils._triton", "triton_hash_with_backend"),
+                          ("torch._inductor.utils", "is_big_gpu"), ("torch._inductor.utils", "get_gpu_shared_memory")):
+        import importlib
+
+        try:
+            obj: Any = importlib.import_module(modname)
+        except ImportError:
+            continue
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+        if obj is not None and hasattr(obj, "cache_clear"):
+            found.append(obj)
+    return found
