@@ -1,6 +1,7 @@
 """nanoGPT's train.py loop (GPT-2 124M, block 1024, batch 12, bf16 autocast, fused AdamW
 picked by inspect, gradient accumulation 4, estimate_loss under no_grad, get_batch with
-pinned, non-blocking transfers), data replaced by a random uint16 array."""
+pinned, non-blocking transfers, torch.compile as train.py does by default), data replaced by a
+random uint16 array. `--set compile=False` runs it eagerly."""
 import inspect
 import math
 import time
@@ -12,6 +13,7 @@ from torch.nn import functional as F
 
 block_size, batch_size, n_layer, n_head, n_embd, vocab_size = 1024, 12, 12, 12, 768, 50304
 gradient_accumulation_steps, max_iters, eval_interval, eval_iters = 4, 3, 2, 2
+compile = True  # use PyTorch 2.0 to compile the model to be faster (train.py's default)
 device, device_type, dtype = "cuda", "cuda", "bfloat16"
 ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 ctx = torch.amp.autocast(device_type=device_type, dtype=ptdtype)
@@ -110,6 +112,10 @@ def estimate_loss():
 model = GPT().to(device)
 scaler = torch.cuda.amp.GradScaler(enabled=(dtype == "float16"))
 optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
+if compile:
+    print("compiling the model... (takes a ~minute)")
+    unoptimized_model = model
+    model = torch.compile(model)  # requires PyTorch 2.0
 best_val_loss = 1e9
 X, Y = get_batch()
 t0 = time.time()

@@ -91,6 +91,7 @@ Where things are
 ``bitsandbytes_shim.py``  bitsandbytes (once imported): 4/8-bit parameters over fake data,
                       ``gemm_4bit``'s CUDA temporaries, paged optimizer states as unified memory
 ``torch_compile.py``  ``torch.compile`` for the target GPU: Inductor's buffers, not eager code's
+``inductor_gpu.py``  the target GPU as Dynamo, Inductor and Triton ask about it while compiling
 ``python_autograd.py``  the autograd engine AOTAutograd's joint graph runs through while compiling
 ``triton_launches.py``  Triton kernels (Liger, TRL, a user's ``@triton.jit``): launches counted,
                       not compiled or run; the tensors they write lose their known values
