@@ -70,9 +70,9 @@ TIMELINES_JS = """() => { const out = [];
     const limits = models.find(m => m.data && m.data.capacity && m.data.limit);
     const line = models.find(m => m.data && m.data.allocated && m.data.reserved);
     if (!limits || !line) continue;
-    const fig = models.find(m => m.type === 'Figure' || (m.renderers && m.y_range && m.title &&
-                                  String(m.title.text || '').startsWith('Allocator memory')));
-    const oom = models.find(m => m.text === 'out of memory here');
+    const fig = models.find(m => m.renderers && m.y_range && m.title &&
+                                 String(m.title.text || '').startsWith('Allocator memory'));
+    const oom = models.find(m => typeof m.text === 'string' && m.text.startsWith('out of memory here'));
     out.push({title: fig ? String(fig.title.text) : '', yEnd: fig ? fig.y_range.end : null,
               capacity: limits.data.capacity[0], limit: limits.data.limit[0],
               maxReserved: Math.max(...line.data.reserved), maxAllocated: Math.max(...line.data.allocated),

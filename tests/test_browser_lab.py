@@ -39,16 +39,18 @@ def lab(tmp_path):
 
 def _gpu_label(key: str) -> str:
     from xmem_engine.gpus import load_catalog
-    from xmem_jupyter.flame import human
+    from xmem_jupyter.figures import amount
 
     g = load_catalog()[key]
-    return f"{g.name} ({human(g.total_memory_bytes)})"
+    return f"{g.name} ({amount(g.total_memory_bytes)})"
 
 
-# true when a Bokeh document in the page has a title containing the given text (titles are
-# drawn on the canvas, so they are looked up in BokehJS's models, not in the DOM)
+# true when a Bokeh document in the page has a title, label or legend item containing the given
+# text (drawn on the canvas, so they are looked up in BokehJS's models, not in the DOM)
 TITLE_JS = """(text) => (window.Bokeh && window.Bokeh.documents || []).some(d => {
-    for (const m of d.all_models) { if (typeof m.text === 'string' && m.text.includes(text)) return true; }
+    for (const m of d.all_models) {
+      const l = m.label, t = typeof m.text === 'string' ? m.text : typeof l === 'string' ? l : (l && l.value);
+      if (typeof t === 'string' && t.includes(text)) return true; }
     return false; })"""
 
 
@@ -111,8 +113,8 @@ def test_quickstart_in_jupyterlab(lab):
                 arg=f"{PANEL} .xmem-widget .xmem-headline", timeout=30_000)
             after = headline.text_content()
             assert after != before and "H100" in after
-            # the charts followed (a Bokeh patch): the timeline's title names the H100's capacity
-            page.wait_for_function(TITLE_JS, arg="(GiB): GPU 79.18", timeout=30_000)
+            # the charts followed (a Bokeh patch): the timeline's legend names the H100's capacity
+            page.wait_for_function(TITLE_JS, arg="GPU capacity 79.18 GiB", timeout=30_000)
             # the whole notebook ran: the transformer's widget is there too
             second = page.locator(f"{PANEL} .xmem-widget").nth(1)
             second.wait_for(state="attached", timeout=150_000)
@@ -149,7 +151,7 @@ def test_quickstart_in_jupyterlab(lab):
             again.scroll_into_view_if_needed()
             again.locator(".xmem-charts canvas").first.wait_for(timeout=60_000)
             assert "H100" in again.locator(".xmem-headline").first.text_content()
-            page.wait_for_function(TITLE_JS, arg="(GiB): GPU 79.18", timeout=30_000)
+            page.wait_for_function(TITLE_JS, arg="GPU capacity 79.18 GiB", timeout=30_000)
             again.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "browser_quickstart_after_reload.png"))
             _one_result_per_cell(page, showing="widget")

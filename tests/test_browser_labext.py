@@ -138,7 +138,10 @@ def check_reports(page, scope: str) -> list:
         assert box and box["width"] > 300 and box["height"] > 80, box
         assert chart.locator("polyline.xmem-line-allocated").count() == 1
         assert chart.locator("polyline.xmem-line-reserved").count() == 1
-        assert chart.locator("circle.xmem-peak-dot").count() == 1
+        # two peaks, each named: the allocated peak and the reserved peak
+        assert chart.locator("circle.xmem-peak-dot").count() == 2
+        labels = [t.strip() for t in chart.locator(".xmem-peak-label").all_text_contents()]
+        assert [x.split(" ")[0] for x in labels] == ["allocated", "reserved"], labels
         points = chart.locator("polyline.xmem-line-allocated").get_attribute("points")
         assert len(points.split()) > 20
     assert nofit.locator("svg.xmem-chart .xmem-line-capacity").count() == 1

@@ -150,15 +150,27 @@ def test_levers_reach_objects_made_before_the_cell(ip, shown):
 
 
 def test_lever_timelines_side_by_side_on_one_scale():
+    """Static HTML (it survives a reload and a kernel restart), one y scale, each panel's title
+    saying the peak and fits or not in words, every panel's figure as the headline prints it."""
+    import re
+
     from xmem_engine.advisor import advise
     from xmem_jupyter.advice import lever_timelines
+    from xmem_jupyter.figures import amount
 
     script = Path(__file__).resolve().parent / "advise_scripts" / "transformer.py"
     plain = advise(str(script), GPU, overrides={"batch_size": "2"})
     grid = lever_timelines(plain, ["activation checkpointing", "autocast bfloat16"], columns=3)
-    figures = [c[0] if isinstance(c, tuple) else c for c in grid._model.children]
-    assert [f.title.text.split(":")[0] for f in figures] == ["as written", "autocast bfloat16",
-                                                             "activation checkpointing"]
-    assert len({(f.y_range.start, f.y_range.end) for f in figures}) == 1
+    assert [p.name for p in grid.panels] == ["as written", "autocast bfloat16", "activation checkpointing"]
     ckpt = next(m for m in plain.levers if m.lever.name == "activation checkpointing")
-    assert figures[2].title.text.endswith(human(ckpt.peak_device_bytes))
+    title = grid.panels[2].title
+    assert amount(ckpt.peak_device_bytes) in title and title.endswith("fits" if ckpt.fits else "does not fit")
+    html = grid._repr_html_()
+    import ipywidgets
+
+    assert "<script" not in html and not isinstance(grid, ipywidgets.Widget)  # needs no kernel, no trust
+    assert html.count("<svg viewBox") == 3 and html.count("role='img'") == 3
+    # one scale: every panel's y ticks are the same
+    ticks = [re.findall(r"text-anchor='end' font-size='10'[^>]*>([\d.]+)</text>", p.svg) for p in grid.panels]
+    assert len({tuple(t) for t in ticks}) == 1 and len(ticks[0]) >= 2
+    assert grid.limit_text in html

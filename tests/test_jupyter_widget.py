@@ -70,11 +70,11 @@ def test_gpu_switch_resimulates_and_updates_everything(session):
     # a moment later the kernel's copy follows, quietly (a reloaded page draws this one)
     w._refresh.join(5)
     assert json.dumps(w.bokeh.render_bundle) != bundle_before
-    from xmem_jupyter.charts import timeline_title
+    from xmem_jupyter.charts import legend_labels
     from xmem_jupyter.timeline import build_timeline
 
-    h100_title = timeline_title(build_timeline(w.est, w.flame.x_end))
-    assert h100_title in json.dumps(w.bokeh.render_bundle) and h100_title not in bundle_before
+    h100_capacity = legend_labels(build_timeline(w.est, w.flame.x_end))["capacity"]  # "GPU capacity 79.18 GiB"
+    assert h100_capacity in json.dumps(w.bokeh.render_bundle) and h100_capacity not in bundle_before
     assert not states  # nothing re-sent to the browser
     assert len(session.traces) == 1
 
@@ -230,7 +230,8 @@ def test_the_timeline_shows_the_limits_never_clips_and_marks_the_oom(rows):
         assert not charts.oom.visible
     else:  # where the run on this GPU fails is marked
         assert est.oom and charts.oom.visible and charts.oom.location == est.oom_event
-        assert charts.oom_label.text == "out of memory here"
+        assert charts.oom_label.text == f"out of memory here (event {est.oom_event:,})"
+        assert charts.oom_label.y >= tl.allocator_limit  # at the top: clear of the limits' lines
 
 
 def test_one_palette_for_every_view(session):

@@ -3,6 +3,14 @@
 Both share one x range (zoom or pan one, the other follows), so they live in one Bokeh
 layout inside one ``jupyter_bokeh.BokehModel``. Updates (GPU switch, allocator toggle) change
 the data sources in place; :class:`Charts` keeps the models it changes.
+
+Legibility: the charts take the width of the output (``stretch_width``, down to
+``MIN_WIDTH``); legends sit outside the plots; the GPU's capacity (solid red) and the
+allocator's limit (dashed amber) differ in colour and dash, and the legend gives each its
+figure; the out-of-memory mark is labelled at the top of the plot, clear of the lines. Colours
+follow JupyterLab's theme: each model reads them from CSS custom properties (``themed``:
+Bokeh's ``--bk-*`` variables set to ``palette.var``), which the widget's stylesheet sets per
+theme. Every figure named in a label comes from :mod:`xmem_jupyter.figures`.
 """
 
 from __future__ import annotations
@@ -13,13 +21,50 @@ from bokeh.layouts import column
 from bokeh.models import (BoxAnnotation, ColumnDataSource, HoverTool, Label, Legend, LegendItem, Range1d,
                           Span, Title)
 from bokeh.plotting import figure
-from bokeh.transform import linear_cmap
 
 from xmem_jupyter.flame import DRAWN, FlameData
-from xmem_jupyter.palette import CATEGORY_COLORS, CATEGORY_ORDER, LINE_COLORS, PHASE_COLORS
+from xmem_jupyter.palette import CATEGORY_COLORS, CATEGORY_ORDER, LINE_COLORS, PHASE_COLORS, THEMED, var
 from xmem_jupyter.timeline import TimelineData
+from bokeh.transform import linear_cmap
 
 FLAME_TOOLTIPS = "<div style='font-size:11px;max-width:30em'>@tip{safe}</div>"
+MIN_WIDTH = 420  # px: below this the charts scroll rather than squeeze
+
+FG, FG2, BG, GRID = var("fg"), var("fg2"), var("bg"), var("grid")
+
+
+def css(model, variables: dict[str, str]):
+    """Give a Bokeh model CSS custom properties (``--bk-*`` overrides of its colours), as a
+    ``:host`` rule of its own stylesheet. (``css_variables`` would be the property for it, but
+    BokehJS 3.9 joins several into one invalid rule: only the first would apply.)"""
+    decls = ";".join(f"{k}:{v}" for k, v in variables.items())
+    model.stylesheets = [*model.stylesheets, f":host{{{decls}}}"]
+    return model
+
+
+def themed(fig) -> None:
+    """Point a figure's backgrounds, text, axes, grid and legends at the theme's colours."""
+    css(fig, {"--bk-background-fill-color": BG, "--bk-border-fill-color": BG, "--bk-outline-line-color": GRID})
+    for t in [fig.title, *fig.above, *fig.below]:
+        if isinstance(t, Title):
+            css(t, {"--bk-text-color": FG2 if t is not fig.title else FG, "--bk-background-fill-color": "transparent"})
+    for ax in fig.axis:
+        css(ax, {"--bk-axis-label-text-color": FG, "--bk-major-label-text-color": FG, "--bk-axis-line-color": FG2,
+                 "--bk-major-tick-line-color": FG2, "--bk-minor-tick-line-color": FG2})
+    for g in fig.grid:
+        css(g, {"--bk-grid-line-color": GRID})
+    for lg in fig.legend:  # drawn in HTML, with colours it computes once: restyled in CSS
+        lg.stylesheets = [*lg.stylesheets, f":host{{--background-color:{BG} !important;background-color:{BG} !important;"
+                                           f"border-color:{GRID} !important}}"
+                                           f".bk-item .bk-label,.bk-title{{color:{FG} !important}}"]
+    css(fig.toolbar, {"--icon-color": FG2})
+
+
+def mark(model, colour: str, label: bool = False):
+    """Draw a line (or a label's text) in a themed colour (palette.THEMED)."""
+    if label:
+        return css(model, {"--bk-text-color": var(colour), "--bk-background-fill-color": BG})
+    return css(model, {"--bk-line-color": var(colour)})
 
 
 @dataclass
@@ -35,6 +80,8 @@ class Charts:
     timeline_fig: object
     oom: Span
     oom_label: Label
+    peak_label: Label
+    legend_items: dict[str, LegendItem]
 
     def update_timeline(self, tl: TimelineData) -> None:
         """New allocated/reserved lines and limits (a GPU or allocator change)."""
@@ -45,6 +92,9 @@ class Charts:
         self.timeline_fig.y_range.end = tl.top
         self.timeline_fig.yaxis.axis_label = tl.unit
         self.timeline_fig.title.text = timeline_title(tl)
+        for key, text in legend_labels(tl).items():
+            self.legend_items[key].label = {"value": text}
+        self.peak_label.text = tl.labels["allocated_peak"]
         _place_oom(self.oom, self.oom_label, tl)
 
     def update_flame(self, fl: FlameData) -> None:
@@ -52,64 +102,85 @@ class Charts:
 
 
 def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
-    """Flame chart (tensors as bars, coloured by category) over the timeline, x linked."""
+    """Flame chart (tensors as bars, coloured by category) over the timeline, x linked.
+    ``width`` is the widest they grow; they fit narrower outputs down to ``MIN_WIDTH``."""
     x_range = Range1d(0, fl.x_end, bounds=(0, fl.x_end))
     tools = "xpan,xwheel_zoom,box_zoom,reset,save"
-    flame = figure(height=340, width=width, x_range=x_range, tools=tools, active_scroll="xwheel_zoom",
+    size = dict(sizing_mode="stretch_width", min_width=MIN_WIDTH, max_width=width)
+    flame = figure(height=340, x_range=x_range, tools=tools, active_scroll="xwheel_zoom",
                    title=f"Tensor lifetimes: {fl.n_tensors:,} tensors; height = live memory",
-                   y_axis_label=f"live memory ({fl.unit})", toolbar_location="above")
+                   y_axis_label=f"live memory ({fl.unit})", toolbar_location="above", **size)
     flame.xaxis.visible = False
-    # room above the stack for the "peak" label (it sits above the bars, not under them)
+    # room above the stack for the peak's label (it sits above the bars, not under them)
     flame.y_range.start, flame.y_range.range_padding = 0, 0.15
     flame.add_layout(Title(text="shading: forward (green), backward (orange), optimizer (purple); dotted: "
-                                "iterations; dashed red: the peak; hover a bar for the tensor",
-                           text_font_style="normal", text_font_size="8pt", text_color="#555"), "above")
+                                "iterations; dashed: the allocated peak; hover a bar for the tensor",
+                           text_font_style="normal", text_font_size="8pt"), "above")
     _phases(flame, tl)
     src = ColumnDataSource({c: fl.columns[c] for c in DRAWN})
-    quads = flame.quad(left="left", right="right", bottom="bottom", top="top", source=src, fill_color=linear_cmap("cat", [CATEGORY_COLORS[c] for c in CATEGORY_ORDER], 0, len(CATEGORY_ORDER) - 1),
+    quads = flame.quad(left="left", right="right", bottom="bottom", top="top", source=src,
+                       fill_color=linear_cmap("cat", [CATEGORY_COLORS[c] for c in CATEGORY_ORDER], 0,
+                                              len(CATEGORY_ORDER) - 1),
                        line_color=None, fill_alpha=0.85, hover_fill_alpha=1.0, hover_line_color="black")
     flame.add_tools(HoverTool(renderers=[quads], tooltips=FLAME_TOOLTIPS))
     present = sorted(set(fl.columns["category"]), key=CATEGORY_ORDER.index)
     legend_src = [flame.scatter(x=[0], y=[0], marker="square", size=0, color=CATEGORY_COLORS[c]) for c in present]
     flame.add_layout(Legend(items=[LegendItem(label=c, renderers=[r]) for c, r in zip(present, legend_src)],
                             location="top_left", orientation="horizontal", label_text_font_size="8pt",
-                            background_fill_alpha=0.6), "above")
-    peak_flame = Span(location=tl.peak_x, dimension="height", line_color=LINE_COLORS["peak"], line_width=2,
-                      line_dash="dashed")
+                            border_line_alpha=0), "above")
+    peak_flame = mark(Span(location=tl.peak_x, dimension="height", line_color=THEMED["peak"][0], line_width=2,
+                           line_dash="dashed"), "peak")
     flame.add_layout(peak_flame)
-    # above the bars, on a white ground: a label inside the stack is hidden by the bars
-    flame.add_layout(Label(x=fl.peak_x, y=fl.peak_bytes / fl.scale, text="peak", text_color=LINE_COLORS["peak"],
-                           text_font_size="9pt", x_offset=4, y_offset=4, background_fill_color="white",
-                           background_fill_alpha=0.8))
+    # above the bars, on the page's ground: a label inside the stack is hidden by the bars
+    peak_label = mark(Label(x=fl.peak_x, y=fl.peak_bytes / fl.scale, text=tl.labels["allocated_peak"],
+                            text_color=THEMED["peak"][0], text_font_size="9pt", x_offset=4, y_offset=4,
+                            background_fill_color="white", background_fill_alpha=0.85), "peak", label=True)
+    flame.add_layout(peak_label)
 
-    line = figure(height=200, width=width, x_range=x_range, y_range=Range1d(0, tl.top), tools=tools,
-                  active_scroll="xwheel_zoom",
-                  title="Allocator memory over the step", y_axis_label=tl.unit,
-                  x_axis_label="event (allocations and frees, in program order)", toolbar_location=None)
+    line = figure(height=300, x_range=x_range, y_range=Range1d(0, tl.top), tools=tools,
+                  active_scroll="xwheel_zoom", title=timeline_title(tl), y_axis_label=tl.unit,
+                  x_axis_label="event (allocations and frees, in program order)", toolbar_location=None, **size)
     _phases(line, tl)
     lsrc = ColumnDataSource(tl.columns)
-    line.step("x", "reserved", source=lsrc, mode="after", color=LINE_COLORS["reserved"], line_width=2, legend_label="reserved")
-    line.step("x", "allocated", source=lsrc, mode="after", color=LINE_COLORS["allocated"], line_width=2, legend_label="allocated")
+    reserved = line.step("x", "reserved", source=lsrc, mode="after", color=LINE_COLORS["reserved"], line_width=2)
+    allocated = line.step("x", "allocated", source=lsrc, mode="after", color=THEMED["allocated"][0], line_width=2)
+    mark(allocated, "allocated")
     limits = ColumnDataSource(_limits(tl))
-    line.hstrip(y0="range_low", y1="range_high", source=limits, fill_color=LINE_COLORS["reserved"], fill_alpha=0.25,
-                line_alpha=0, legend_label="calibrated range of the reserved peak")
-    line.hspan(y="capacity", source=limits, line_color=LINE_COLORS["capacity"], line_width=2, legend_label="GPU capacity")
-    line.hspan(y="limit", source=limits, line_color=LINE_COLORS["capacity"], line_dash="dotted", line_width=1.5,
-               legend_label="allocator limit")
-    peak_line = Span(location=tl.peak_x, dimension="height", line_color=LINE_COLORS["peak"], line_dash="dashed")
-    oom = Span(location=0, dimension="height", line_color=LINE_COLORS["oom"], line_width=3)
-    oom_label = Label(x=0, y=0, text="out of memory here", text_color=LINE_COLORS["oom"], text_font_size="9pt",
-                      x_offset=4, y_offset=4, background_fill_color="white", background_fill_alpha=0.8)
+    band = line.hstrip(y0="range_low", y1="range_high", source=limits, fill_color=LINE_COLORS["reserved"],
+                       fill_alpha=0.25, line_alpha=0)
+    capacity = line.hspan(y="capacity", source=limits, line_color=THEMED["capacity"][0], line_width=2.5)
+    mark(capacity, "capacity")
+    limit = line.hspan(y="limit", source=limits, line_color=THEMED["limit"][0], line_dash=[6, 4], line_width=2)
+    mark(limit, "limit")
+    labels = legend_labels(tl)
+    items = {k: LegendItem(label=labels[k], renderers=[r]) for k, r in (
+        ("reserved", reserved), ("allocated", allocated), ("range", band), ("capacity", capacity), ("limit", limit))}
+    line.add_layout(Legend(items=list(items.values()), orientation="horizontal", label_text_font_size="8pt",
+                           location="top_left", border_line_alpha=0, nrows=2), "below")
+    peak_line = mark(Span(location=tl.peak_x, dimension="height", line_color=THEMED["peak"][0], line_dash="dashed"),
+                     "peak")
+    oom = mark(Span(location=0, dimension="height", line_color=THEMED["oom"][0], line_width=3), "oom")
+    # at the top of the plot, right of the mark: clear of the legend (outside) and the limits' lines
+    oom_label = mark(Label(x=0, y=0, text="out of memory here", text_color=THEMED["oom"][0],
+                           text_font_size="9pt", x_offset=5, text_baseline="top", background_fill_color="white",
+                           background_fill_alpha=0.85), "oom", label=True)
     for s in (peak_line, oom, oom_label):
         line.add_layout(s)
     _place_oom(oom, oom_label, tl)
-    line.title.text = timeline_title(tl)
-    line.legend.location = "top_left"
-    line.legend.label_text_font_size = "8pt"
-    line.legend.background_fill_alpha = 0.6
     line.add_tools(HoverTool(tooltips=[("event", "@x"), ("allocated", "@allocated{0.00}"),
-                                       ("reserved", "@reserved{0.00}")], mode="vline"))
-    return Charts(column(flame, line), src, lsrc, limits, peak_flame, peak_line, line, oom, oom_label)
+                                       ("reserved", "@reserved{0.00}")], mode="vline", renderers=[allocated]))
+    for f in (flame, line):
+        themed(f)
+    layout = column(flame, line, sizing_mode="stretch_width", min_width=MIN_WIDTH, max_width=width)
+    return Charts(layout, src, lsrc, limits, peak_flame, peak_line, line, oom, oom_label, peak_label, items)
+
+
+def legend_labels(tl: TimelineData) -> dict[str, str]:
+    """The timeline legend: each line named as everywhere else, with its figure."""
+    return {"reserved": tl.labels["reserved_peak"].replace("reserved peak", "reserved (peak", 1) + ")",
+            "allocated": tl.labels["allocated_peak"].replace("allocated peak", "allocated (peak", 1) + ")",
+            "range": "calibrated range of the reserved peak",
+            "capacity": tl.labels["capacity"], "limit": tl.labels["allocator_limit"]}
 
 
 def _limits(tl: TimelineData) -> dict[str, list[float]]:
@@ -118,23 +189,25 @@ def _limits(tl: TimelineData) -> dict[str, list[float]]:
 
 
 def _place_oom(oom: Span, label: Label, tl: TimelineData) -> None:
-    """The out-of-memory mark at the failing event, or hidden."""
+    """The out-of-memory mark at the failing event, labelled at the top of the plot, or hidden."""
     oom.visible = label.visible = tl.oom_x is not None
     if tl.oom_x is not None:
         oom.location = label.x = tl.oom_x
-        label.y = tl.allocator_limit
+        label.y = tl.top * 0.98
+        label.text = f"out of memory here (event {tl.oom_x:,})"
 
 
 def timeline_title(tl: TimelineData) -> str:
-    """Short enough not to be cut: the limits' figures, in the axis's unit."""
-    return f"Allocator memory ({tl.unit}): GPU {tl.capacity:,.2f}, allocator limit {tl.allocator_limit:,.2f}"
+    """Short enough not to be cut at the narrowest width: the figures are in the legend."""
+    return f"Allocator memory over the step ({tl.unit})"
 
 
 def _phases(fig: object, tl: TimelineData) -> None:
-    """Shade forward / backward / optimizer; a dashed line where each iteration starts."""
+    """Shade forward / backward / optimizer; a dotted line where each iteration starts."""
     for x0, x1, name in tl.phases:
         if name in ("forward", "backward", "optimizer"):
             fig.add_layout(BoxAnnotation(left=x0, right=x1, fill_color=PHASE_COLORS[name], fill_alpha=0.07,
                                          line_alpha=0))
     for k, x in enumerate(tl.iterations):
-        fig.add_layout(Span(location=x, dimension="height", line_color="#444", line_dash="dotted", line_width=1))
+        fig.add_layout(css(Span(location=x, dimension="height", line_color="#444", line_dash="dotted", line_width=1),
+                           {"--bk-line-color": FG2}))

@@ -295,3 +295,61 @@ def _tip(name: str, size: str, cat: str, module: str, shape: str, op: str, sourc
 def _short_op(op: str) -> str:
     parts = op.split(".")
     return parts[1] if len(parts) >= 2 and parts[0] == "aten" else op
+
+
+#: the saved report's flame chart: few enough rectangles for a notebook file and an SVG
+REPORT_BARS, REPORT_BUCKETS, REPORT_MODULES, REPORT_MAX_RECTS = 300, 120, 6, 3000
+_REPORT_CACHE: dict[int, tuple[object, dict]] = {}
+
+
+def _plain(tip: str) -> str:
+    """A hover text as plain text (the report's renderer sets it with textContent)."""
+    import html
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", "", tip.replace("<br>", "\n")))
+
+
+def flame_report(est) -> dict | None:
+    """The flame chart as the saved report carries it (``flame``): the largest tensors as bars,
+    the rest summed per module, category and time bucket, each rectangle with its category
+    (an index into ``categories``) and a plain-text label; None without simulated events.
+    Cached per estimate's events: a GPU switch re-sends the report."""
+    events = est.simulated_events
+    if not events:
+        return None
+    hit = _REPORT_CACHE.get(id(events))
+    if hit is not None and hit[0] is events:
+        return hit[1]
+    buckets = REPORT_BUCKETS
+    while True:
+        fl = build_flame(events, max_bars=REPORT_BARS, n_buckets=buckets, max_modules=REPORT_MODULES)
+        if len(fl.columns["left"]) <= REPORT_MAX_RECTS or buckets <= 15:
+            break
+        buckets //= 2
+    c = fl.columns
+    # one label per tensor (a bar cut at bucket edges is several rectangles) and per summed
+    # group: labels are stored once, each rectangle points at its own
+    labels: list[str] = []
+    index: dict[str, int] = {}
+    label_ix = []
+    for tip, count, cat, module in zip(c["tip"], c["count"], c["category"], c["module"]):
+        text = _plain(tip) if count == 1 and not tip.startswith("<b>tensors</b>") else \
+            f"tensors of {human(fl.threshold_bytes)} or less, summed\ncategory {cat}\nmodule {module}"
+        if text not in index:
+            index[text] = len(labels)
+            labels.append(text)
+        label_ix.append(index[text])
+    out = {
+        "unit": fl.unit, "scale": fl.scale, "x_end": fl.x_end, "n_tensors": fl.n_tensors, "n_bars": fl.n_bars,
+        "n_aggregated": fl.n_aggregated, "peak_event": fl.peak_x, "peak_bytes": fl.peak_bytes,
+        "categories": list(CATEGORY_ORDER),
+        "left": [int(v) for v in c["left"]], "right": [int(v) for v in c["right"]],
+        "bottom": [round(float(v), 4) for v in c["bottom"]], "top": [round(float(v), 4) for v in c["top"]],
+        "cat": [int(v) for v in c["cat"]], "label": label_ix, "labels": labels,
+        "notes": list(fl.notes),
+    }
+    if len(_REPORT_CACHE) > 8:
+        _REPORT_CACHE.clear()
+    _REPORT_CACHE[id(events)] = (events, out)
+    return out

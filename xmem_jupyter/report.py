@@ -12,12 +12,13 @@ from html import escape
 from typing import Any, Iterable
 
 from xmem_engine.advisor import Advice
-from xmem_engine.estimate import REPORT_MIME, Estimate, gib
+from xmem_engine.estimate import REPORT_MIME, Estimate
 
-from xmem_jupyter.advice import advice_html
+from xmem_jupyter.advice import RANKING, advice_html
 
-from xmem_jupyter.flame import human, source_labeler
-from xmem_jupyter.palette import CATEGORY_COLORS, DEVICE_COLORS, FITS_COLOR, NOFIT_COLOR, palette
+from xmem_jupyter.figures import Figure, amount, device_split, report_figures, split_text
+from xmem_jupyter.flame import flame_report, human, source_labeler
+from xmem_jupyter.palette import CATEGORY_COLORS, DEVICE_COLORS, palette, stylesheet, var
 
 STYLE = ("font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13px;"
          "line-height:1.45;max-width:60em")
@@ -25,39 +26,46 @@ STYLE = ("font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13
 
 def verdict_html(est: Estimate) -> str:
     """The headline (``Estimate.headline``, the words every view shows), a bar of what the
-    peak is made of against the GPU's capacity, and the split in words."""
-    colour = FITS_COLOR if est.fits else NOFIT_COLOR
+    device peak is made of against the GPU's capacity, and the same split in words: every
+    figure and its name from :func:`xmem_jupyter.figures.figures`."""
+    colour = var("fits" if est.fits else "nofit")
     mark = "&#10004;" if est.fits else "&#10008;"
-    cached = max(0, est.reserved_at_peak_bytes - est.peak_allocated_bytes)
-    bar = _bar([("CUDA context", est.context_bytes, DEVICE_COLORS["context"]),
-                ("libraries", est.outside_allocator_bytes, DEVICE_COLORS["libraries"]),
-                ("allocated", est.peak_allocated_bytes, DEVICE_COLORS["allocated"]),
-                ("reserved, unused", max(0, est.peak_reserved_bytes - est.peak_allocated_bytes),
-                 DEVICE_COLORS["cached"])],
-               est.capacity_bytes)
+    bar = _bar([(f, DEVICE_COLORS[DEVICE_KEYS[f.key]]) for f in device_split(est)], est)
     band = (f"<div class='xmem-range'>{escape(est.range_text)}</div>" if est.range_text else "")
-    oom = (f"<div style='color:{NOFIT_COLOR}'>the simulated run runs out of memory before it finishes</div>"
-           if est.oom else "")
+    oom = (f"<div class='xmem-oom' style='color:{var('nofit')}'>the simulated run runs out of memory before it "
+           "finishes</div>" if est.oom else "")
     return (
         f"<div class='xmem-headline' style='{STYLE}'>"
-        f"<div style='font-size:16px'><b style='color:{colour}' class='xmem-verdict'>{mark}</b> "
-        f"<span class='xmem-headline-text'>{escape(est.headline)}</span></div>"
+        f"<div style='font-size:16px' role='heading' aria-level='3'>"
+        f"<b style='color:{colour}' class='xmem-verdict' aria-hidden='true'>{mark}</b> "
+        f"<span class='xmem-headline-text' style='color:{colour}'>{escape(est.headline)}</span></div>"
         f"{bar}{band}{oom}"
-        f"<div>{escape(est.headline_detail)}; {gib(cached)} of the reserved memory is cached but unused "
-        f"then: fragmentation and cache</div></div>"
+        f"<div class='xmem-split'>{escape(split_text(est))}</div></div>"
     )
 
 
-def _bar(parts: list[tuple[str, int, str]], total: int) -> str:
+#: the device bar's parts (figures.DEVICE_SPLIT) -> their colour in palette.DEVICE_COLORS
+DEVICE_KEYS = {"context": "context", "libraries": "libraries", "allocated_peak": "allocated",
+               "reserved_above": "cached"}
+
+
+def _bar(parts: list[tuple[Figure, str]], est: Estimate) -> str:
+    """The device bar: each part's width against the capacity (or the peak, when larger), its
+    tooltip the figure's name and amount; a text alternative for screen readers."""
+    total = max(est.capacity_bytes, est.peak_device_bytes)
     cells = "".join(
-        f"<div title='{escape(name)}: {human(v)}' style='width:{100.0 * v / total:.3f}%;background:{c}'></div>"
-        for name, v, c in parts if total and v > 0)
-    return (f"<div style='display:flex;height:12px;border:1px solid #888;border-radius:3px;overflow:hidden;"
-            f"margin:4px 0;max-width:40em'>{cells}</div>")
+        f"<div class='xmem-seg xmem-seg-{f.key}' title='{escape(f.text)}: {escape(f.about)}' "
+        f"style='width:{100.0 * f.bytes / total:.3f}%;background:{c}'></div>"
+        for f, c in parts if total and f.bytes > 0)
+    label = escape(f"{split_text(est)}; GPU capacity {amount(est.capacity_bytes)}")
+    return (f"<div class='xmem-devicebar' role='img' aria-label='{label}' style='display:flex;height:12px;"
+            f"border:1px solid {var('border')};border-radius:3px;overflow:hidden;margin:4px 0;max-width:40em'>"
+            f"{cells}</div>")
 
 
 def breakdown_html(est: Estimate, top: int = 8) -> str:
-    """Categories, modules and tensors live at the peak."""
+    """Categories, modules and tensors live at the allocated peak (figures.py: when the tensors
+    hold the most at once)."""
     label = source_labeler()
     td = "<td style='white-space:nowrap;padding:0 .5em'>"
     rows = "".join(
@@ -72,9 +80,9 @@ def breakdown_html(est: Estimate, top: int = 8) -> str:
         f"{td}{escape(label(str(t.get('source', ''))))}</td></tr>" for t in est.top_tensors[:top])
     return (
         f"<div style='{STYLE};display:flex;gap:2em;flex-wrap:wrap'>"
-        f"<table><caption style='text-align:left'><b>At the peak</b></caption>{rows}</table>"
-        f"<table><caption style='text-align:left'><b>Top modules</b></caption>{mods}</table>"
-        f"<table><caption style='text-align:left'><b>Largest tensors live at the peak</b></caption>"
+        f"<table><caption style='text-align:left'><b>At the allocated peak</b></caption>{rows}</table>"
+        f"<table><caption style='text-align:left'><b>Top modules at the allocated peak</b></caption>{mods}</table>"
+        f"<table><caption style='text-align:left'><b>Largest tensors live at the allocated peak</b></caption>"
         f"<tr><th>size</th><th>category</th><th>shape</th><th>module</th><th>op</th><th>line</th></tr>"
         f"{tens}</table></div>"
     )
@@ -86,33 +94,35 @@ def compare_html(ests: Iterable[Estimate]) -> str:
     ests = list(ests)
     rows = "".join(
         f"<tr><td>{escape(e.gpu_name)}{'*' if e.backend_caveat else ''}</td>"
-        f"<td style='text-align:right'>{human(e.peak_device_bytes)}</td>"
-        f"<td style='text-align:right'>{human(e.capacity_bytes)}</td>"
-        f"<td style='color:{FITS_COLOR if e.fits else NOFIT_COLOR}'>{'fits' if e.fits else 'does not fit'}</td></tr>"
+        f"<td style='text-align:right'>{amount(e.peak_device_bytes)}</td>"
+        f"<td style='text-align:right'>{amount(e.capacity_bytes)}</td>"
+        f"<td style='color:{var('fits' if e.fits else 'nofit')}'>{'fits' if e.fits else 'does not fit'}</td></tr>"
         for e in ests)
     caveats = [e.backend_caveat for e in ests if e.backend_caveat]
-    foot = (f"<div class='xmem-backend-caveat' style='{STYLE};color:#666;font-size:12px'>* {escape(caveats[0])}</div>"
+    foot = (f"<div class='xmem-backend-caveat' style='{STYLE};color:{var('fg2')};font-size:12px'>* {escape(caveats[0])}</div>"
             if caveats else "")
-    return (f"<table style='{STYLE}'><tr><th>GPU</th><th>peak</th><th>capacity</th><th></th></tr>{rows}</table>"
+    return (f"<table style='{STYLE}' class='xmem-compare'><caption style='text-align:left'>the step on each GPU "
+            f"given</caption><tr><th scope='col'>GPU</th><th scope='col'>peak device memory</th>"
+            f"<th scope='col'>GPU capacity</th><th scope='col'>verdict</th></tr>{rows}</table>"
             + foot)
 
 
 def summary_html(est: Estimate, others: Iterable[Estimate] = (), max_batch: dict[str, int] | None = None) -> str:
     """The text/html of the static output."""
     others = list(others)
-    parts = [verdict_html(est)]
+    parts = [f"<style>{stylesheet()}</style>", verdict_html(est)]
     if others:
         parts.append(compare_html([est, *others]))
     if max_batch:
         items = ", ".join(f"{escape(g)}: {b}" for g, b in max_batch.items())
         parts.append(f"<div style='{STYLE}'>largest batch that fits: {items}</div>")
     # folded: under a live widget it repeats what the widget shows; a saved notebook opens it
-    parts.append(f"<details style='{STYLE}'><summary>at the peak: categories, modules, largest tensors</summary>"
+    parts.append(f"<details style='{STYLE}'><summary>at the allocated peak: categories, modules, largest tensors</summary>"
                  f"{breakdown_html(est)}</details>")
     notes = "".join(f"<li>{escape(n)}</li>" for n in est.notes)
     if notes:
         parts.append(f"<ul style='{STYLE}'>{notes}</ul>")
-    parts.append(f"<div style='{STYLE};color:#666'>xmem: traced in {escape(est.mode)} mode, "
+    parts.append(f"<div style='{STYLE};color:{var('fg2')}'>xmem: traced in {escape(est.mode)} mode, "
                  f"{est.n_events:,} events, {est.seconds:.1f} s; alloc conf "
                  f"{escape(est.alloc_conf or '(default)')}</div>")
     return "<div class='xmem-report'>" + "".join(parts) + "</div>"
@@ -132,10 +142,13 @@ def report_bundle(est: Estimate, others: Iterable[Estimate] = (), max_batch: dic
     ``advice`` (what would make it fit, measured for ``est``) goes into all three.
     """
     others = list(others)
-    report = {**est.to_report(), "palette": palette()}
+    report = {**est.to_report(), "palette": palette(), "figures": report_figures(est)}
+    flame = flame_report(est)
+    if flame is not None:
+        report["flame"] = flame
     html, text = summary_html(est, others, max_batch), one_line(est, others)
     if advice is not None:
-        report["advice"] = advice.to_json()
+        report["advice"] = {**advice.to_json(), "ranking": RANKING}
         html = html.removesuffix("</div>") + advice_html(advice) + "</div>"
         if advice.combination:
             text += f" | cheapest change that fits: {' + '.join(advice.combination)}"
@@ -149,7 +162,7 @@ def one_line(est: Estimate, others: Iterable[Estimate] = ()) -> str:
     """The ``--quiet`` output: one line, all GPUs, each by the name every other view uses."""
     parts = []
     for e in [est, *others]:
-        parts.append(f"{e.gpu_name}: peak {human(e.peak_device_bytes)} of {human(e.capacity_bytes)}, "
+        parts.append(f"{e.gpu_name}: peak {amount(e.peak_device_bytes)} of {amount(e.capacity_bytes)}, "
                      f"{'fits' if e.fits else 'DOES NOT FIT'}")
     w = est.world
     rank = f" (rank {w['rank']} of {w['size']})" if w and w.get("size", 1) > 1 else ""

@@ -8,11 +8,13 @@ memory is highest, so every local peak keeps its height.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from xmem_engine.estimate import Estimate
+
+from xmem_jupyter.figures import figures
 
 
 @dataclass
@@ -31,6 +33,8 @@ class TimelineData:
     # the calibrated range of the reserved peak (the estimate's range less context and libraries)
     range_low: float = float("nan")
     range_high: float = float("nan")
+    # each named figure as the charts' labels print it (figures.py: the same words everywhere)
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 def thin(x: np.ndarray, a: np.ndarray, r: np.ndarray, max_points: int) -> np.ndarray:
@@ -82,4 +86,5 @@ def build_timeline(est: Estimate, x_end: int, max_points: int = 4000) -> Timelin
         iterations=[int(i) for i in tl.iterations],
         range_low=band[0] / scale if band else float("nan"),
         range_high=band[1] / scale if band else float("nan"),
+        labels={k: f.text for k, f in figures(est).items()},
     )

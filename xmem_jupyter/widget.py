@@ -40,9 +40,24 @@ from xmem_jupyter.bokeh_loader import bokeh_loader
 from xmem_jupyter.charts import Charts, build_charts
 from xmem_jupyter.flame import FlameData, build_flame, human
 from xmem_jupyter.progress import Progress, TracerProbe
+from xmem_jupyter.figures import amount, chart_text
+from xmem_jupyter.palette import stylesheet, var
 from xmem_jupyter.report import breakdown_html, compare_html, verdict_html
 from xmem_jupyter.session import Session, expandable_on, with_expandable
 from xmem_jupyter.timeline import build_timeline
+
+
+#: the largest batch size the entry takes (a typo's 10**9 would trace for minutes)
+MAX_BATCH = 1 << 20
+
+#: the widget's own layout rules, beside the theme's colours (palette.stylesheet)
+WIDGET_CSS = (
+    ".xmem-widget{max-width:100%;box-sizing:border-box;color:var(--xmem-fg)}"
+    ".xmem-widget .xmem-charts{max-width:100%}"
+    ".xmem-widget .widget-html-content{white-space:normal;line-height:1.45}"
+    ".xmem-widget table{max-width:100%}"
+    ".xmem-widget :focus-visible{outline:2px solid var(--xmem-focus);outline-offset:1px}"
+)
 
 
 @dataclass
@@ -77,21 +92,24 @@ class XmemWidget(widgets.VBox):
         catalog = load_catalog()
         chosen = list(dict.fromkeys(gpus or (session.gpus if session else [est.gpu])))
         others = [k for k in catalog if k not in chosen]
-        options = [(f"{catalog[k].name} ({human(catalog[k].total_memory_bytes)})", k) for k in chosen + others]
+        options = [(f"{catalog[k].name} ({amount(catalog[k].total_memory_bytes)})", k) for k in chosen + others]
         self.compared = chosen
 
+        self.style = widgets.HTML(f"<style>{stylesheet()}{WIDGET_CSS}</style>", layout=widgets.Layout(display="none"))
         self.headline = widgets.HTML(verdict_html(est))
         self.headline.add_class("xmem-headline-widget")
         self.compare = widgets.HTML()
         self.gpu_dropdown = widgets.Dropdown(options=options, value=est.gpu, description="GPU",
-                                             layout=widgets.Layout(width="32em"))
+                                             tooltip="the GPU to estimate for: another re-simulates the same trace",
+                                             layout=widgets.Layout(width="26em", max_width="100%"))
         self.gpu_dropdown.add_class("xmem-gpu")
         self.expandable = widgets.ToggleButton(value=expandable_on(self.conf), description="expandable segments",
-                                               tooltip="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                                               tooltip="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (a toggle)",
                                                icon="arrows-v", layout=widgets.Layout(width="14em"))
         self.conf_note = widgets.HTML()
         self.largest = widgets.HTML()
         self.find_button = widgets.Button(description="largest batch that fits", icon="search",
+                                          tooltip="search the largest batch size that fits this GPU",
                                           layout=widgets.Layout(width="15em"))
         self.apply_button = widgets.Button(description="use it", icon="check", layout=widgets.Layout(
             width="8em", display="none"), tooltip="set the batch slider to the largest batch that fits")
@@ -127,12 +145,25 @@ class XmemWidget(widgets.VBox):
         controls = [self.gpu_dropdown, self.expandable, self.least_button]
         self.least_button.on_click(self._on_least)
         self.batch_slider: widgets.SelectionSlider | None = None
+        self.batch_entry: widgets.Text | None = None
+        self.batch_error = widgets.HTML()
+        self.batch_error.add_class("xmem-batch-error")
         if session is not None and session.batch_var and session.batch_values:
+            var_name = session.batch_var
             self.batch_slider = widgets.SelectionSlider(
-                options=session.batch_values, value=session.batch, description=session.batch_var,
-                continuous_update=False, layout=widgets.Layout(width="24em"))
+                options=session.batch_values, value=session.batch, description=var_name,
+                tooltip=f"{var_name}: preset values; another re-traces the cell", continuous_update=False,
+                layout=widgets.Layout(width="22em", max_width="100%"))
+            self.batch_slider.add_class("xmem-batch-slider")
             self.batch_slider.observe(self._on_batch, "value")
-            controls += [self.batch_slider, self.find_button]
+            # any value, typed: the slider's readout takes only its presets
+            self.batch_entry = widgets.Text(
+                value=str(session.batch), description=f"{var_name} =", continuous_update=False,
+                placeholder="any whole number", tooltip=f"type any {var_name} (a whole number > 0) and press Enter",
+                layout=widgets.Layout(width="13em"))
+            self.batch_entry.add_class("xmem-batch-entry")
+            self.batch_entry.observe(self._on_batch_entry, "value")
+            controls += [self.batch_slider, self.batch_entry, self.find_button]
             self.find_button.on_click(self._on_find)
         if session is not None:
             controls.append(self.advise_button)
@@ -140,16 +171,21 @@ class XmemWidget(widgets.VBox):
         self.flame: FlameData = self._flame_for(est)
         tl = build_timeline(est, self.flame.x_end)
         self.charts: Charts = build_charts(self.flame, tl, width=width)
-        self.bokeh = BokehModel(self.charts.layout)
+        self.bokeh = BokehModel(self.charts.layout, layout=widgets.Layout(width="100%", max_width=f"{width + 40}px",
+                                                                           overflow_x="auto"))
         self.bokeh.add_class("xmem-charts")
+        # the charts in words: a screen reader's text, and the labels the lab extension gives them
+        self.chart_summary = widgets.HTML()
+        self.chart_summary.add_class("xmem-chart-summary")
 
         self.gpu_dropdown.observe(self._on_gpu, "value")
         self.expandable.observe(self._on_conf, "value")
         self._refresh_text()
-        super().__init__([bokeh_loader(), self.headline, self.compare,
-                          widgets.HBox(controls, layout=widgets.Layout(flex_flow="row wrap")),
-                          widgets.HBox([self.conf_note, self.largest, self.apply_button, self.least]),
-                          self.progress, self.advice_panel, self.advice_view, self.bokeh,
+        super().__init__([bokeh_loader(), self.style, self.headline, self.compare,
+                          widgets.HBox(controls, layout=widgets.Layout(flex_flow="row wrap")), self.batch_error,
+                          widgets.HBox([self.conf_note, self.largest, self.apply_button, self.least],
+                                       layout=widgets.Layout(flex_flow="row wrap")),
+                          self.progress, self.advice_panel, self.advice_view, self.chart_summary, self.bokeh,
                           self.breakdown, self.notes, self.report_data], **kwargs)
         self.add_class("xmem-widget")
 
@@ -249,11 +285,13 @@ class XmemWidget(widgets.VBox):
             self.apply_button.layout.display = "none"
         least = self._least.get((self.batch, est.gpu, self.conf))
         self.least.value = "" if least is None else (
-            f"&nbsp; runs in as little as <b class='xmem-least'>{human(least)}</b> on {escape(est.gpu_name)} "
-            f"(peak {human(est.peak_device_bytes)}; no margin for variation)")
+            f"&nbsp; runs in as little as <b class='xmem-least'>{amount(least)}</b> on {escape(est.gpu_name)} "
+            f"(peak {amount(est.peak_device_bytes)}; no margin for variation)")
         self._refresh_advice()
         notes = list(est.notes) + list(self.flame.notes)
-        self.notes.value = "".join(f"<div style='color:#666;font-size:12px'>{escape(n)}</div>" for n in notes)
+        self.notes.value = "".join(f"<div style='color:{var('fg2')};font-size:12px'>{escape(n)}</div>" for n in notes)
+        self.chart_summary.value = (f"<div class='xmem-chart-text' style='color:{var('fg2')};font-size:12px'>"
+                                    f"{escape(chart_text(est, self.flame))}</div>")
 
     # ----------------------------------------------------------------- controls
     def _on_gpu(self, change) -> None:
@@ -276,7 +314,7 @@ class XmemWidget(widgets.VBox):
         saved = off.peak_device_bytes - on.peak_device_bytes
         word = "saves" if saved >= 0 else "costs"
         self.conf_note.value = (f"expandable segments {word} <b class='xmem-saves'>{human(abs(saved))}</b> "
-                                f"(peak {human(on.peak_device_bytes)} with, {human(off.peak_device_bytes)} without)")
+                                f"(peak {amount(on.peak_device_bytes)} with, {amount(off.peak_device_bytes)} without)")
 
     def _background(self, message: str, work: Callable[[], Estimate | None], probe=lambda: None) -> None:
         """Run ``work`` with the progress indicator (in a thread of its own if ``threaded``)."""
@@ -307,6 +345,7 @@ class XmemWidget(widgets.VBox):
     def _on_batch(self, change) -> None:
         assert self.session is not None
         value = change["new"]
+        self._set_entry(value)
         if (value, self.est.gpu, self.conf) in self._cache or value in self.session.traces:
             self.batch = value
             self.show(self._estimate(value, self.est.gpu, self.conf))
@@ -333,6 +372,17 @@ class XmemWidget(widgets.VBox):
 
         self._background(f"finding the least memory on {est.gpu}:", work)
 
+    def _add_batch_option(self, value: int) -> None:
+        """Give the slider ``value`` (kept in order) without moving it."""
+        assert self.session is not None and self.batch_slider is not None
+        if value not in self.session.batch_values:
+            self.session.batch_values = sorted(set(self.session.batch_values) | {value})
+            current = self.batch_slider.value
+            self.batch_slider.unobserve(self._on_batch, "value")
+            self.batch_slider.options = self.session.batch_values
+            self.batch_slider.value = current
+            self.batch_slider.observe(self._on_batch, "value")
+
     def _on_apply_largest(self, _button=None) -> None:
         """Show the largest batch that fits: the slider gains that value (its range follows
         the search) and moves to it, which traces it as any slider move does."""
@@ -340,15 +390,38 @@ class XmemWidget(widgets.VBox):
         search = self.session.searches.get((self.est.gpu, self.conf))
         if search is None or not search.value:
             return
-        best = search.value
-        if best not in self.session.batch_values:
-            self.session.batch_values = sorted(set(self.session.batch_values) | {best})
-            current = self.batch_slider.value
-            self.batch_slider.unobserve(self._on_batch, "value")
-            self.batch_slider.options = self.session.batch_values
-            self.batch_slider.value = current
-            self.batch_slider.observe(self._on_batch, "value")
-        self.batch_slider.value = best
+        self._add_batch_option(search.value)
+        self.batch_slider.value = search.value
+
+    def _on_batch_entry(self, change) -> None:
+        """A typed batch size: any whole number from 1 to ``MAX_BATCH``; the slider gains it and
+        moves there (which traces it). Anything else is said next to the controls, and the
+        entry goes back to the batch size shown."""
+        assert self.session is not None and self.batch_slider is not None and self.batch_entry is not None
+        text = str(change["new"]).strip().replace(",", "").replace("_", "")
+        name = self.session.batch_var
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not 1 <= value <= MAX_BATCH:
+            why = "not a whole number" if value is None else f"outside 1 to {MAX_BATCH:,}"
+            self.batch_error.value = (f"<div role='alert' style='color:{var('nofit')}'>{escape(name or 'batch')} = "
+                                      f"{escape(str(change['new']))[:40]}: {why}; still {self.batch}</div>")
+            self._set_entry(self.batch)
+            return
+        self.batch_error.value = ""
+        if value == self.batch_slider.value:
+            self._set_entry(value)
+            return
+        self._add_batch_option(value)
+        self.batch_slider.value = value
+
+    def _set_entry(self, value) -> None:
+        if self.batch_entry is not None and self.batch_entry.value != str(value):
+            self.batch_entry.unobserve(self._on_batch_entry, "value")
+            self.batch_entry.value = str(value)
+            self.batch_entry.observe(self._on_batch_entry, "value")
 
     def _on_find(self, _button=None) -> None:
         assert self.session is not None

@@ -5,7 +5,7 @@
  * The same words as the widget's panel (xmem_jupyter/advice.py: advice_html).
  */
 
-import { el, formatBytes, isNum, isObject, str } from './format';
+import { el, formatGiB, isNum, isObject, str } from './format';
 
 export interface LeverResult {
   lever: string;
@@ -30,6 +30,8 @@ export interface Advice {
   levers: LeverResult[];
   combination: string[];
   combination_peak_bytes: number | null;
+  /** How the table is ordered and "cheapest" judged (xmem_jupyter/advice.py, RANKING). */
+  ranking: string;
 }
 
 /** The report's `advice`, or null when it has none or it cannot be read. */
@@ -62,7 +64,8 @@ export function parseAdvice(v: unknown): Advice | null {
     batch: isNum(v.batch) ? v.batch : null,
     levers,
     combination: Array.isArray(v.combination) ? v.combination.map(n => str(n)) : [],
-    combination_peak_bytes: isNum(v.combination_peak_bytes) ? v.combination_peak_bytes : null
+    combination_peak_bytes: isNum(v.combination_peak_bytes) ? v.combination_peak_bytes : null,
+    ranking: str(v.ranking)
   };
 }
 
@@ -92,22 +95,24 @@ export function renderAdvice(a: Advice, doc: Document): HTMLElement {
       doc,
       'div',
       'xmem-advice-head',
-      `${formatBytes(a.capacity_bytes)}: the step as written peaks at ${formatBytes(a.peak_device_bytes)}` +
+      `${formatGiB(a.capacity_bytes)}: the step as written peaks at ${formatGiB(a.peak_device_bytes)}` +
         (setting.length ? ` (${setting.join(', ')})` : '') +
         '; each change below was applied to this step and estimated again'
     )
   );
   const table = el(doc, 'table', 'xmem-table xmem-advice-table');
   const head = el(doc, 'tr');
-  for (const h of ['change', 'peak', '', 'cost', 'how']) {
-    head.appendChild(el(doc, 'th', undefined, h));
+  for (const h of ['change', 'peak device memory', 'verdict', 'cost', 'how']) {
+    const th = el(doc, 'th', undefined, h);
+    th.setAttribute('scope', 'col');
+    head.appendChild(th);
   }
   table.appendChild(head);
   for (const l of a.levers) {
     const measured = !l.error && l.applicable && l.peak_device_bytes !== null;
     const row = el(doc, 'tr', 'xmem-lever');
     row.appendChild(el(doc, 'td', undefined, l.lever));
-    row.appendChild(el(doc, 'td', 'xmem-num', measured ? formatBytes(l.peak_device_bytes as number) : ''));
+    row.appendChild(el(doc, 'td', 'xmem-num', measured ? formatGiB(l.peak_device_bytes as number) : ''));
     row.appendChild(el(doc, 'td', measured ? (l.fits ? 'xmem-lever-fits' : 'xmem-lever-nofit') : 'xmem-lever-na', leverVerdict(l)));
     row.appendChild(el(doc, 'td', undefined, l.cost));
     const how = el(doc, 'td');
@@ -116,6 +121,9 @@ export function renderAdvice(a: Advice, doc: Document): HTMLElement {
     table.appendChild(row);
   }
   section.appendChild(table);
+  if (a.ranking) {
+    section.appendChild(el(doc, 'div', 'xmem-ranking', a.ranking));
+  }
   const verdict = el(doc, 'div', 'xmem-advice-verdict');
   if (a.fits) {
     verdict.textContent = 'The step fits already; the table shows what each change would save.';
@@ -123,7 +131,7 @@ export function renderAdvice(a: Advice, doc: Document): HTMLElement {
     verdict.appendChild(el(doc, 'b', undefined, 'Cheapest change that fits: '));
     verdict.appendChild(el(doc, 'span', 'xmem-combination', a.combination.join(' + ')));
     if (a.combination_peak_bytes !== null) {
-      verdict.appendChild(doc.createTextNode(` (peak ${formatBytes(a.combination_peak_bytes)})`));
+      verdict.appendChild(doc.createTextNode(` (peak ${formatGiB(a.combination_peak_bytes)})`));
     }
     const ul = el(doc, 'ul');
     for (const name of a.combination) {

@@ -21,6 +21,7 @@
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Panel, Widget } from '@lumino/widgets';
 
+import { decorateWidget, repaintBokeh, watchTheme } from './access';
 import { REPORT_MIME, renderReport } from './render';
 
 export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
@@ -196,6 +197,7 @@ export class XmemResultRenderer extends Panel implements IRenderMime.IRenderer {
     this._observer = new Observer(() => {
       this._sync();
       this._takeReport();
+      decorateWidget(live.node);
     });
     this._observer!.observe(live.node, { childList: true, subtree: true, characterData: true });
     live.renderModel(model).then(
@@ -283,6 +285,13 @@ const plugin = {
   description: 'Shows the live xmem widget while its kernel holds it, else the saved report.',
   autoStart: true,
   activate: (app: IAppLike): void => {
+    // the charts paint with the theme's colours: paint them again when it changes (its
+    // stylesheet arrives a moment after the body says so)
+    watchTheme(document, () => {
+      for (const ms of [50, 400, 1500]) {
+        setTimeout(() => repaintBokeh(window), ms);
+      }
+    });
     app.docRegistry.addWidgetExtension('Notebook', {
       createNew(panel: INotebookPanelLike): void {
         const registry = panel.content.rendermime;

@@ -76,8 +76,44 @@ export interface Report {
   range?: string;
   /** What would make it fit: each lever measured on the step (absent unless it was asked for). */
   advice: Advice | null;
+  /** Each named figure as xmem computed and named it (xmem_jupyter/figures.py). */
+  figures: Figures;
+  /** The tensor-lifetime flame chart, or null (reports of older xmem versions). */
+  flame: ReportFlame | null;
   /** CSS custom properties (name -> #rrggbb) from the report's `palette`: the widget's colours. */
   palette: Array<[string, string]>;
+}
+
+/** One named quantity: the same name and number in every view. */
+export interface Figure {
+  name: string;
+  bytes: number;
+  about: string;
+}
+
+export interface Figures {
+  items: Record<string, Figure>;
+  /** The device bar's parts, in order (they add up to the device peak). */
+  split: string[];
+  /** The device peak in words. */
+  text: string;
+}
+
+/** The flame chart as the report carries it (xmem_jupyter/flame.py, `flame_report`). */
+export interface ReportFlame {
+  unit: string;
+  x_end: number;
+  n_tensors: number;
+  categories: string[];
+  left: number[];
+  right: number[];
+  bottom: number[];
+  top: number[];
+  cat: number[];
+  label: number[];
+  labels: string[];
+  peak_event: number;
+  notes: string[];
 }
 
 export type ParseResult =
@@ -104,13 +140,91 @@ export function headlineText(r: Report): string {
   return r.headline ?? `${r.gpu_name}: ${r.fits ? 'fits' : 'does not fit'}`;
 }
 
-/** What the peak is made of (`Estimate.headline_detail`), or the numbers in the largest unit. */
+/** What the device peak is made of, in the words of xmem_jupyter/figures.py. */
 export function splitText(r: Report): string {
-  return (
-    r.headline_detail ??
-    `CUDA context ${formatBytes(r.context_bytes)} + libraries ${formatBytes(r.outside_allocator_bytes)}` +
-      ` + allocator reserved ${formatBytes(r.peak_reserved_bytes)}`
-  );
+  return r.figures.text;
+}
+
+/** A figure's name and amount, as every view prints it ("allocated peak 16.09 GiB"). */
+export function figureText(r: Report, key: string): string {
+  const f = r.figures.items[key];
+  return f ? `${f.name} ${formatGiB(f.bytes)}` : '';
+}
+
+/**
+ * The figures the report carries (`figures`, written by xmem_jupyter/figures.py); a report
+ * of an older xmem, which lacks them, gets the same names and sums from its fields.
+ */
+export function parseFigures(v: unknown, data: Record<string, number>): Figures {
+  const items: Record<string, Figure> = {};
+  let split: string[] = [];
+  let text = '';
+  if (isObject(v) && isObject(v.items)) {
+    for (const [k, f] of Object.entries(v.items)) {
+      if (isObject(f) && isNum(f.bytes)) {
+        items[k] = { name: str(f.name, k), bytes: f.bytes, about: str(f.about) };
+      }
+    }
+    if (Array.isArray(v.split)) {
+      split = v.split.map(x => str(x)).filter(k => k in items);
+    }
+    text = str(v.text);
+  }
+  if (!split.length) {
+    const reservedAbove = Math.max(0, data.peak_reserved_bytes - data.peak_allocated_bytes);
+    const fallback: Array<[string, string, number, string]> = [
+      ['device_peak', 'peak device memory', data.peak_device_bytes, 'CUDA context + libraries + the reserved peak'],
+      ['capacity', 'GPU capacity', data.capacity_bytes, 'the memory the driver lets a process use'],
+      ['allocator_limit', 'allocator limit', Math.max(0, data.capacity_bytes - data.context_bytes - data.outside_allocator_bytes),
+        'what PyTorch\'s allocator may reserve: capacity - CUDA context - libraries'],
+      ['context', 'CUDA context', data.context_bytes, 'the CUDA context of the process'],
+      ['libraries', 'libraries', data.outside_allocator_bytes, 'kernels of PyTorch, cuBLAS and cuDNN, outside PyTorch\'s allocator'],
+      ['reserved_peak', 'reserved peak', data.peak_reserved_bytes, 'the most PyTorch\'s allocator reserves from the GPU during the step'],
+      ['allocated_peak', 'allocated peak', data.peak_allocated_bytes, 'the most the tensors hold at once'],
+      ['reserved_above', 'reserved above the allocated peak', reservedAbove, 'reserved peak - allocated peak: cached blocks and fragmentation']
+    ];
+    for (const [k, name, bytes, about] of fallback) {
+      if (!(k in items)) {
+        items[k] = { name, bytes, about };
+      }
+    }
+    split = ['context', 'libraries', 'allocated_peak', 'reserved_above'];
+  }
+  if (!text) {
+    // as xmem_jupyter/figures.py words it (`split_text`); never the older `headline_detail`,
+    // whose "allocated ... at the peak" named the allocated peak as if it were the device's
+    const t = (k: string): string => `${items[k].name} ${formatGiB(items[k].bytes)}`;
+    text = `${t('device_peak')} = ${t('context')} + ${t('libraries')} + ${t('reserved_peak')} ` +
+      `(${t('allocated_peak')} + ${t('reserved_above')}: cached blocks and fragmentation)`;
+  }
+  return { items, split, text };
+}
+
+function parseFlame(v: unknown): ReportFlame | null {
+  if (!isObject(v)) {
+    return null;
+  }
+  const cols = ['left', 'right', 'bottom', 'top', 'cat', 'label'].map(k => numArray(v[k]));
+  if (cols.some(c => c === null) || !isNum(v.x_end)) {
+    return null;
+  }
+  const [left, right, bottom, top, cat, label] = cols as number[][];
+  const n = Math.min(left.length, right.length, bottom.length, top.length, cat.length, label.length);
+  return {
+    unit: str(v.unit, 'GiB'),
+    x_end: v.x_end as number,
+    n_tensors: isNum(v.n_tensors) ? v.n_tensors : 0,
+    categories: Array.isArray(v.categories) ? v.categories.map(c => str(c)) : [],
+    left: left.slice(0, n),
+    right: right.slice(0, n),
+    bottom: bottom.slice(0, n),
+    top: top.slice(0, n),
+    cat: cat.slice(0, n),
+    label: label.slice(0, n),
+    labels: Array.isArray(v.labels) ? v.labels.map(t => str(t)) : [],
+    peak_event: isNum(v.peak_event) ? v.peak_event : -1,
+    notes: Array.isArray(v.notes) ? v.notes.map(t => str(t)) : []
+  };
 }
 
 // ---------------------------------------------------------------------------------------
@@ -271,7 +385,9 @@ export function parseReport(data: unknown): ParseResult {
     peak_device_bytes_high: optNum('peak_device_bytes_high'),
     range: optStr('range'),
     advice: parseAdvice(data.advice),
-    palette: parsePalette(data.palette)
+    palette: parsePalette(data.palette),
+    figures: parseFigures(data.figures, data as Record<string, number>),
+    flame: parseFlame(data.flame)
   };
   return { ok: true, report };
 }
@@ -280,7 +396,8 @@ const HEX_COLOUR = /^#[0-9a-fA-F]{6}$/;
 
 /**
  * The report's `palette` (xmem_jupyter/palette.py) as CSS custom properties the stylesheet
- * reads. Only known names and `#rrggbb` values pass: nothing else from the data reaches CSS.
+ * reads: the fills (categories, phases, the device bar) and the reserved line. Only known names
+ * and `#rrggbb` values pass: nothing else from the data reaches CSS.
  */
 export function parsePalette(value: unknown): Array<[string, string]> {
   const out: Array<[string, string]> = [];
@@ -303,8 +420,9 @@ export function parsePalette(value: unknown): Array<[string, string]> {
   take('categories', KNOWN_CATEGORIES, name => `--xmem-c${KNOWN_CATEGORIES.indexOf(name)}`);
   take('phases', ['forward', 'backward', 'optimizer'], name => `--xmem-phase-${name}`);
   take('device', ['context', 'libraries', 'allocated', 'cached'], name => `--xmem-dev-${name}`);
-  take('lines', ['allocated', 'reserved', 'capacity', 'peak'], name => `--xmem-line-${name}`);
-  take('verdict', ['fits', 'nofit'], name => `--xmem-${name}`);
+  // text and thin marks (verdict, capacity, limit, peak, allocated) take the theme's shade from
+  // the extension's stylesheet (style/palette.css, from xmem_jupyter/palette.py), not from here
+  take('lines', ['reserved'], name => `--xmem-line-${name}`);
   return out;
 }
 
@@ -389,28 +507,38 @@ const PHASE_CLASSES: Record<string, string> = {
 // Sections
 
 /** The device bar: context | libraries | allocated | cached | free, against capacity. */
+const SEGMENT_CLASSES: Record<string, string> = {
+  context: 'xmem-seg-context',
+  libraries: 'xmem-seg-libraries',
+  allocated_peak: 'xmem-seg-allocated',
+  reserved_above: 'xmem-seg-cached'
+};
+
+/**
+ * The device bar: the device peak's parts (the report's `figures.split`: context, libraries,
+ * allocated peak, reserved above it) and the headroom, against the capacity; each part named
+ * and measured as the widget names and measures it.
+ */
 export function renderDeviceBar(r: Report, doc: Document): HTMLElement {
   const wrap = el(doc, 'div', 'xmem-devicebar');
-  const allocated = Math.min(r.peak_allocated_bytes, r.peak_reserved_bytes);
-  const parts: Array<[string, string, number]> = [
-    ['xmem-seg-context', 'CUDA context', r.context_bytes],
-    ['xmem-seg-libraries', 'libraries (cuBLAS, cuDNN)', r.outside_allocator_bytes],
-    ['xmem-seg-allocated', 'allocated by tensors at the peak', allocated],
-    ['xmem-seg-cached', 'reserved but unused (cached)', Math.max(0, r.peak_reserved_bytes - allocated)],
-    ['xmem-seg-free', 'free', Math.max(0, r.capacity_bytes - r.peak_device_bytes)]
-  ];
+  const parts: Array<[string, string, number, string]> = r.figures.split.map(k => {
+    const f = r.figures.items[k];
+    return [SEGMENT_CLASSES[k] ?? 'xmem-seg-cached', f.name, f.bytes, f.about];
+  });
+  parts.push(['xmem-seg-free', 'headroom', Math.max(0, r.capacity_bytes - r.peak_device_bytes),
+    'what is left of the GPU at the peak']);
   const total = Math.max(r.capacity_bytes, r.peak_device_bytes) || 1;
   const bar = el(doc, 'div', 'xmem-bar');
   bar.setAttribute('role', 'img');
-  bar.setAttribute('aria-label', `device memory at the peak: ${splitText(r)}`);
+  bar.setAttribute('aria-label', `${splitText(r)}; GPU capacity ${formatGiB(r.capacity_bytes)}`);
   const legend = el(doc, 'div', 'xmem-legend');
-  for (const [cls, label, bytes] of parts) {
+  for (const [cls, label, bytes, about] of parts) {
     if (bytes <= 0) {
       continue;
     }
     const seg = el(doc, 'div', `xmem-seg ${cls}`);
     seg.style.width = `${((100 * bytes) / total).toFixed(3)}%`;
-    seg.title = `${label}: ${formatBytes(bytes)}`;
+    seg.title = `${label} ${formatGiB(bytes)}` + (about ? `: ${about}` : '');
     bar.appendChild(seg);
     const item = el(doc, 'span', 'xmem-legend-item');
     item.appendChild(el(doc, 'span', `xmem-swatch ${cls}`));
@@ -420,7 +548,7 @@ export function renderDeviceBar(r: Report, doc: Document): HTMLElement {
   if (r.peak_device_bytes > r.capacity_bytes) {
     const cap = el(doc, 'div', 'xmem-bar-capacity');
     cap.style.left = `${((100 * r.capacity_bytes) / total).toFixed(3)}%`;
-    cap.title = `capacity ${formatGiB(r.capacity_bytes)}`;
+    cap.title = figureText(r, 'capacity') || `GPU capacity ${formatGiB(r.capacity_bytes)}`;
     bar.appendChild(cap);
   }
   wrap.appendChild(bar);
@@ -431,7 +559,7 @@ export function renderDeviceBar(r: Report, doc: Document): HTMLElement {
 /** What is live at the peak, by category: a stacked bar and a table. */
 export function renderBreakdown(r: Report, doc: Document): HTMLElement {
   const section = el(doc, 'div', 'xmem-section xmem-breakdown');
-  section.appendChild(el(doc, 'div', 'xmem-section-title', 'Live at the peak, by kind'));
+  section.appendChild(el(doc, 'div', 'xmem-section-title', 'Live at the allocated peak, by kind'));
   const entries = Object.entries(r.breakdown).sort((a, b) => b[1] - a[1]);
   if (!entries.length) {
     section.appendChild(el(doc, 'div', 'xmem-empty', 'No breakdown in this report.'));
@@ -474,7 +602,7 @@ export function renderModules(r: Report, doc: Document): HTMLElement | null {
     return null;
   }
   const section = el(doc, 'div', 'xmem-section xmem-modules');
-  section.appendChild(el(doc, 'div', 'xmem-section-title', 'Live at the peak, by module'));
+  section.appendChild(el(doc, 'div', 'xmem-section-title', 'Live at the allocated peak, by module'));
   const table = el(doc, 'table', 'xmem-table');
   const head = table.createTHead().insertRow();
   for (const h of ['module', 'size']) {
@@ -498,7 +626,7 @@ export function renderTopTensors(r: Report, doc: Document): HTMLElement | null {
     return null;
   }
   const details = el(doc, 'details', 'xmem-section xmem-tensors');
-  details.appendChild(el(doc, 'summary', 'xmem-section-title', `Largest tensors live at the peak (${r.top_tensors.length})`));
+  details.appendChild(el(doc, 'summary', 'xmem-section-title', `Largest tensors live at the allocated peak (${r.top_tensors.length})`));
   const table = el(doc, 'table', 'xmem-table');
   const head = table.createTHead().insertRow();
   for (const h of ['size', 'kind', 'shape', 'dtype', 'module', 'op', 'phase', 'source']) {
@@ -553,17 +681,56 @@ export interface TimelineGeometry {
   yMax: number;
   limit: number;
   limitOnChart: boolean;
+  capacity: number;
+  capacityOnChart: boolean;
 }
 
-/** Axis ranges: the limit the allocator may reserve is drawn when it is within reach. */
+/** The x axis both charts share (the flame chart's bars line up with the timeline's events). */
+export const CHART_BOX = { width: 720, left: 74, right: 16 };
+
+/**
+ * Axis ranges: the GPU's capacity and the limit the allocator may reserve (capacity - context
+ * - libraries) are drawn when within reach of the lines.
+ */
 export function timelineGeometry(r: Report, tl: ReportTimeline): TimelineGeometry {
   const limit = Math.max(0, r.capacity_bytes - r.context_bytes - r.outside_allocator_bytes);
+  const capacity = r.capacity_bytes;
   const band = (r.peak_device_bytes_high ?? 0) - r.context_bytes - r.outside_allocator_bytes;
   const top = Math.max(maxOf(tl.reserved), maxOf(tl.allocated), band, 1);
   const limitOnChart = limit <= top * 4;
-  const yMax = (limitOnChart ? Math.max(limit, top) : top) * 1.08;
+  const capacityOnChart = capacity <= top * 4;
+  const yMax = Math.max(top, limitOnChart ? limit : 0, capacityOnChart ? capacity : 0) * 1.08;
   const xMax = Math.max(tl.event[tl.event.length - 1], (r.n_events ?? 0) - 1, 1);
-  return { width: 720, height: 240, left: 74, right: 16, top: 22, bottom: 34, xMax, yMax, limit, limitOnChart };
+  return { ...CHART_BOX, height: 240, top: 22, bottom: 34, xMax, yMax, limit, limitOnChart, capacity, capacityOnChart };
+}
+
+/** Index of the first sample where reserved memory is highest. */
+export function reservedPeakIndex(tl: ReportTimeline): number {
+  let best = 0;
+  for (let i = 1; i < tl.reserved.length; i++) {
+    if (tl.reserved[i] > tl.reserved[best]) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+/** A label's box in the chart's coordinates (11px text: about 6.2px a character). */
+interface Box {
+  x0: number;
+  x1: number;
+  y0: number;
+  y1: number;
+}
+
+function labelBox(x: number, y: number, text: string, anchor: string): Box {
+  const w = text.length * 6.2;
+  const x0 = anchor === 'end' ? x - w : x;
+  return { x0, x1: x0 + w, y0: y - 11, y1: y + 3 };
+}
+
+export function overlaps(a: Box, b: Box): boolean {
+  return a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
 }
 
 /** Index of the peak sample: the saved peak event if present, else the highest allocated. */
@@ -604,7 +771,11 @@ function stepPoints(xs: number[], ys: number[]): string {
   return pts.join(' ');
 }
 
-/** The memory timeline: reserved and allocated over the events, the limit, the peak. */
+/**
+ * The memory timeline: reserved and allocated over the events, the GPU's capacity (solid) and
+ * the allocator's limit (dashed, another colour), the allocated peak and the reserved peak,
+ * each labelled with the name and figure every view gives it (labels never overlap).
+ */
 export function renderTimeline(r: Report, doc: Document): HTMLElement {
   const section = el(doc, 'div', 'xmem-section xmem-timeline');
   section.appendChild(el(doc, 'div', 'xmem-section-title', 'Memory over the step (PyTorch allocator)'));
@@ -618,15 +789,18 @@ export function renderTimeline(r: Report, doc: Document): HTMLElement {
   const ph = g.height - g.top - g.bottom;
   const X = (e: number): number => g.left + (pw * e) / g.xMax;
   const Y = (b: number): number => g.top + ph - (ph * b) / g.yMax;
+  const pi = peakIndex(tl);
+  const ri = reservedPeakIndex(tl);
+  const allocatedText = figureText(r, 'allocated_peak') || `allocated peak ${formatGiB(tl.allocated[pi])}`;
+  const reservedText = figureText(r, 'reserved_peak') || `reserved peak ${formatGiB(tl.reserved[ri])}`;
+  const limitText = figureText(r, 'allocator_limit') || `allocator limit ${formatGiB(g.limit)}`;
+  const capacityText = figureText(r, 'capacity') || `GPU capacity ${formatGiB(g.capacity)}`;
 
-  const svg = svgEl(doc, 'svg', {
-    viewBox: `0 0 ${g.width} ${g.height}`,
-    width: '100%',
-    role: 'img',
-    'aria-label':
-      `Memory timeline: allocated peaks at ${formatBytes(maxOf(tl.allocated))}, ` +
-      `reserved at ${formatBytes(maxOf(tl.reserved))}`
-  }, 'xmem-chart');
+  const summary =
+    `Memory timeline: ${allocatedText} at event ${tl.event[pi]}, ${reservedText} at event ${tl.event[ri]}; ` +
+    `${capacityText}; ${limitText}` + (r.oom ? '; the run on this GPU runs out of memory' : '');
+  const svg = svgEl(doc, 'svg', { viewBox: `0 0 ${g.width} ${g.height}`, width: '100%', role: 'img', 'aria-label': summary },
+    'xmem-chart xmem-timeline-chart');
   svg.appendChild(svgTitle(doc, 'Allocated and reserved memory over the training step'));
   svg.appendChild(svgEl(doc, 'rect', { x: g.left, y: g.top, width: pw, height: ph }, 'xmem-plot-bg'));
 
@@ -663,13 +837,18 @@ export function renderTimeline(r: Report, doc: Document): HTMLElement {
     svg.appendChild(line);
   });
 
-  // The limit the allocator may reserve (capacity - context - libraries).
+  // The GPU's capacity and the limit the allocator may reserve (capacity - context - libraries).
+  if (g.capacityOnChart) {
+    const y = round(Y(g.capacity));
+    const line = svgEl(doc, 'line', { x1: g.left, x2: g.left + pw, y1: y, y2: y }, 'xmem-line-gpu');
+    line.appendChild(svgTitle(doc, capacityText));
+    svg.appendChild(line);
+  }
   if (g.limitOnChart) {
     const y = round(Y(g.limit));
     const line = svgEl(doc, 'line', { x1: g.left, x2: g.left + pw, y1: y, y2: y }, 'xmem-line-capacity');
-    line.appendChild(svgTitle(doc, `usable by PyTorch: ${formatBytes(g.limit)} (capacity − CUDA context − libraries)`));
+    line.appendChild(svgTitle(doc, `${limitText} (GPU capacity − CUDA context − libraries)`));
     svg.appendChild(line);
-    svg.appendChild(svgText(doc, g.left + pw - 4, y - 4, `limit ${formatGiB(g.limit)}`, 'xmem-capacity-label', 'end'));
   }
 
   // The calibrated range of the reserved peak: the device range less context and libraries.
@@ -679,7 +858,7 @@ export function renderTimeline(r: Report, doc: Document): HTMLElement {
     const hi = Math.min(g.yMax, Math.max(lo, r.peak_device_bytes_high - fixed));
     const band = svgEl(doc, 'rect', { x: g.left, y: round(Y(hi)), width: pw, height: Math.max(1, round(Y(lo) - Y(hi))) },
       'xmem-range-band');
-    band.appendChild(svgTitle(doc, `calibrated range of the reserved peak: ${formatBytes(lo)} – ${formatBytes(hi)}`));
+    band.appendChild(svgTitle(doc, `calibrated range of the reserved peak: ${formatGiB(lo)} – ${formatGiB(hi)}`));
     svg.appendChild(band);
   }
 
@@ -687,19 +866,37 @@ export function renderTimeline(r: Report, doc: Document): HTMLElement {
   svg.appendChild(svgEl(doc, 'polyline', { points: stepPoints(xs, tl.reserved.map(Y)), fill: 'none' }, 'xmem-line-reserved'));
   svg.appendChild(svgEl(doc, 'polyline', { points: stepPoints(xs, tl.allocated.map(Y)), fill: 'none' }, 'xmem-line-allocated'));
 
-  // Peak marker.
-  const pi = peakIndex(tl);
-  const px = X(tl.event[pi]);
-  const py = Y(tl.allocated[pi]);
-  const peak = svgEl(doc, 'g', {}, 'xmem-peak');
-  peak.appendChild(svgEl(doc, 'line', { x1: round(px), x2: round(px), y1: round(py), y2: g.top + ph }, 'xmem-peak-line'));
-  peak.appendChild(svgEl(doc, 'circle', { cx: round(px), cy: round(py), r: 4 }, 'xmem-peak-dot'));
-  const anchor = px > g.left + pw * 0.7 ? 'end' : 'start';
-  peak.appendChild(
-    svgText(doc, px + (anchor === 'end' ? -7 : 7), Math.max(g.top + 10, py - 6), `peak ${formatBytes(tl.allocated[pi])}`, 'xmem-peak-label', anchor)
-  );
-  peak.appendChild(svgTitle(doc, `peak allocated ${formatBytes(tl.allocated[pi])} at event ${tl.event[pi]}`));
-  svg.appendChild(peak);
+  // The two peaks, each named as the headline's split names it; the reserved peak's label
+  // moves up (or to the other side) if it would cover the allocated peak's.
+  const taken: Box[] = [];
+  const mark = (i: number, values: number[], text: string, cls: string, what: string): void => {
+    const px = X(tl.event[i]);
+    const py = Y(values[i]);
+    const grp = svgEl(doc, 'g', {}, cls);
+    grp.appendChild(svgEl(doc, 'line', { x1: round(px), x2: round(px), y1: round(py), y2: g.top + ph }, 'xmem-peak-line'));
+    grp.appendChild(svgEl(doc, 'circle', { cx: round(px), cy: round(py), r: 4 }, 'xmem-peak-dot'));
+    let anchor = px > g.left + pw * 0.6 ? 'end' : 'start';
+    let lx = px + (anchor === 'end' ? -7 : 7);
+    let ly = Math.max(g.top + 10, py - 6);
+    for (let tries = 0; tries < 6 && taken.some(b => overlaps(b, labelBox(lx, ly, text, anchor))); tries++) {
+      if (tries === 3) {
+        anchor = anchor === 'end' ? 'start' : 'end';
+        lx = px + (anchor === 'end' ? -7 : 7);
+        ly = Math.max(g.top + 10, py - 6);
+      } else {
+        ly = ly - 14 < g.top + 10 ? ly + 28 : ly - 14;
+      }
+    }
+    taken.push(labelBox(lx, ly, text, anchor));
+    grp.appendChild(svgText(doc, lx, ly, text, 'xmem-peak-label', anchor));
+    grp.appendChild(svgTitle(doc, `${text} at event ${tl.event[i]}: ${what}`));
+    svg.appendChild(grp);
+  };
+  mark(pi, tl.allocated, allocatedText, 'xmem-peak', r.figures.items.allocated_peak?.about ?? 'the most the tensors hold at once');
+  if (tl.reserved[ri] > 0) {
+    mark(ri, tl.reserved, reservedText, 'xmem-peak xmem-reserved-peak',
+      r.figures.items.reserved_peak?.about ?? 'the most the allocator reserves');
+  }
 
   // Hover read-out.
   const cursor = svgEl(doc, 'line', { x1: 0, x2: 0, y1: g.top, y2: g.top + ph, visibility: 'hidden' }, 'xmem-cursor');
@@ -737,16 +934,13 @@ export function renderTimeline(r: Report, doc: Document): HTMLElement {
   svg.appendChild(overlay);
   section.appendChild(svg);
 
-  // Legend.
+  // Legend, under the chart.
   const legend = el(doc, 'div', 'xmem-legend');
   const items: Array<[string, string]> = [
-    ['xmem-key-allocated', 'allocated'],
-    ['xmem-key-reserved', 'reserved'],
-    [
-      'xmem-key-capacity',
-      `limit ${formatGiB(g.limit)} = capacity − context − libraries` + (g.limitOnChart ? '' : ' (far above the chart)')
-    ],
-    ['xmem-key-peak', 'peak']
+    ['xmem-key-allocated', `allocated (${allocatedText.replace(/^allocated /, '')})`],
+    ['xmem-key-reserved', `reserved (${reservedText.replace(/^reserved /, '')})`],
+    ['xmem-key-gpu', capacityText + (g.capacityOnChart ? '' : ' (far above the chart)')],
+    ['xmem-key-capacity', `${limitText} = capacity − context − libraries` + (g.limitOnChart ? '' : ' (far above the chart)')]
   ];
   const seen = new Set(tl.phases.map(p => p[1]));
   for (const name of ['forward', 'backward', 'optimizer']) {
@@ -761,6 +955,82 @@ export function renderTimeline(r: Report, doc: Document): HTMLElement {
     legend.appendChild(item);
   }
   section.appendChild(legend);
+  return section;
+}
+
+/**
+ * The tensor-lifetime flame chart (the report's `flame`): each of the largest tensors a bar
+ * from its allocation to its free, stacked so the height is the live memory, the smaller ones
+ * summed per module, category and time bucket; coloured by category, on the timeline's x axis.
+ */
+export function renderFlame(r: Report, doc: Document): HTMLElement | null {
+  const f = r.flame;
+  if (!f || !f.left.length) {
+    return null;
+  }
+  const section = el(doc, 'div', 'xmem-section xmem-flame');
+  section.appendChild(el(doc, 'div', 'xmem-section-title', `Tensor lifetimes: ${f.n_tensors.toLocaleString('en-US')} tensors; height = live memory`));
+  const width = CHART_BOX.width;
+  const height = 220;
+  const top = 10;
+  const bottom = 22;
+  const pw = width - CHART_BOX.left - CHART_BOX.right;
+  const ph = height - top - bottom;
+  const xMax = r.timeline ? timelineGeometry(r, r.timeline).xMax : Math.max(f.x_end, 1);
+  const yMax = Math.max(maxOf(f.top), 1e-9) * 1.08;
+  const X = (e: number): number => CHART_BOX.left + (pw * Math.min(e, xMax)) / xMax;
+  const Y = (v: number): number => top + ph - (ph * v) / yMax;
+  const present = Array.from(new Set(f.cat.map(c => f.categories[c] ?? 'other')));
+  const classes = categoryClasses(present);
+  const svg = svgEl(doc, 'svg', {
+    viewBox: `0 0 ${width} ${height}`, width: '100%', role: 'img',
+    'aria-label': `Flame chart: ${f.n_tensors} tensors over the step, by category (${present.join(', ')}); ` +
+      `${figureText(r, 'allocated_peak')} at event ${f.peak_event}`
+  }, 'xmem-chart xmem-flame-chart');
+  svg.appendChild(svgTitle(doc, 'Tensor lifetimes, stacked: the height at any event is the live memory'));
+  svg.appendChild(svgEl(doc, 'rect', { x: CHART_BOX.left, y: top, width: pw, height: ph }, 'xmem-plot-bg'));
+  const step = niceStep(yMax, 3);
+  for (let v = 0; v <= yMax + 1e-9; v += step) {
+    svg.appendChild(svgEl(doc, 'line', { x1: CHART_BOX.left, x2: CHART_BOX.left + pw, y1: round(Y(v)), y2: round(Y(v)) }, 'xmem-grid'));
+    svg.appendChild(svgText(doc, CHART_BOX.left - 6, Y(v) + 4, `${Number(v.toFixed(2))} ${f.unit}`, 'xmem-tick', 'end'));
+  }
+  const bars = svgEl(doc, 'g', {}, 'xmem-flame-bars');
+  for (let i = 0; i < f.left.length; i++) {
+    const x0 = X(f.left[i]);
+    const x1 = X(f.right[i]);
+    const y0 = Y(f.top[i]);
+    const y1 = Y(f.bottom[i]);
+    const cat = f.categories[f.cat[i]] ?? 'other';
+    const rect = svgEl(doc, 'rect', {
+      x: round(x0), y: round(y0), width: Math.max(0.3, round(x1 - x0)), height: Math.max(0.3, round(y1 - y0))
+    }, `xmem-flame-bar ${classes.get(cat)}-fill`);
+    const label = f.labels[f.label[i]];
+    if (label) {
+      rect.appendChild(svgTitle(doc, label));
+    }
+    bars.appendChild(rect);
+  }
+  svg.appendChild(bars);
+  if (f.peak_event >= 0) {
+    const px = round(X(f.peak_event));
+    const line = svgEl(doc, 'line', { x1: px, x2: px, y1: top, y2: top + ph }, 'xmem-peak-line');
+    line.appendChild(svgTitle(doc, `${figureText(r, 'allocated_peak')} at event ${f.peak_event}`));
+    svg.appendChild(line);
+  }
+  svg.appendChild(svgText(doc, CHART_BOX.left, height - 6, '0', 'xmem-tick', 'start'));
+  svg.appendChild(svgText(doc, CHART_BOX.left + pw, height - 6, String(Math.round(xMax)), 'xmem-tick', 'end'));
+  section.appendChild(svg);
+  const legend = el(doc, 'div', 'xmem-legend');
+  for (const c of present) {
+    const item = el(doc, 'span', 'xmem-legend-item');
+    item.appendChild(el(doc, 'span', `xmem-swatch ${classes.get(c)}`));
+    item.appendChild(doc.createTextNode(c));
+    legend.appendChild(item);
+  }
+  section.appendChild(legend);
+  for (const n of f.notes) {
+    section.appendChild(el(doc, 'div', 'xmem-flame-note', n));
+  }
   return section;
 }
 
@@ -826,6 +1096,10 @@ export function renderReport(data: unknown, doc: Document): HTMLElement {
     }
     if (r.advice) {
       root.appendChild(renderAdvice(r.advice, doc));
+    }
+    const flame = renderFlame(r, doc);
+    if (flame) {
+      root.appendChild(flame);
     }
     root.appendChild(renderTimeline(r, doc));
     const cols = el(doc, 'div', 'xmem-columns');

@@ -1,1 +1,2 @@
+import './palette.css';
 import './base.css';

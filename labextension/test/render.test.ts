@@ -81,7 +81,12 @@ describe('formatting', () => {
     const older = { ...r, headline: undefined, headline_detail: undefined };
     assert.equal(headlineText(older), 'NVIDIA GeForce RTX 4060: fits');
     assert.equal(headlineText({ ...older, fits: false }), 'NVIDIA GeForce RTX 4060: does not fit');
-    assert.match(splitText(older), /^CUDA context \d+\.\d\d MiB \+ libraries 0 B \+ allocator reserved 208\.00 MiB$/);
+    // no figures in the report (written before xmem_jupyter/figures.py): the same names, from its fields
+    assert.equal(splitText(r), 'peak device memory 0.62 GiB = CUDA context 0.42 GiB + libraries 0.00 GiB + ' +
+      'reserved peak 0.20 GiB (allocated peak 0.17 GiB + reserved above the allocated peak 0.03 GiB: cached blocks and fragmentation)');
+    // with them, their words as xmem wrote them
+    const figures = { items: { context: { name: 'CUDA context', bytes: 1, about: '' } }, split: ['context'], text: 'as written' };
+    assert.equal(splitText(parsed({ ...example('mlp-rtx4060.json'), figures })), 'as written');
   });
 });
 
@@ -131,7 +136,8 @@ describe('a report that fits (mlp-rtx4060.json)', () => {
     );
     assert.equal(
       node.querySelector('.xmem-split')?.textContent,
-      'CUDA context 0.42 GiB + libraries 0.00 GiB + allocator reserved 0.20 GiB (allocated 0.17 GiB at the peak)'
+      'peak device memory 0.62 GiB = CUDA context 0.42 GiB + libraries 0.00 GiB + reserved peak 0.20 GiB ' +
+        '(allocated peak 0.17 GiB + reserved above the allocated peak 0.03 GiB: cached blocks and fragmentation)'
     );
   });
 
@@ -175,13 +181,15 @@ describe('a report that fits (mlp-rtx4060.json)', () => {
     assert.ok(svg.querySelectorAll('.xmem-phase-backward').length >= 2);
     const peak = svg.querySelector('.xmem-peak-dot')!;
     assert.ok(peak);
-    assert.match(svg.querySelector('.xmem-peak-label')!.textContent!, /^peak 177\.35 MiB$/);
+    // named as the headline's split names it: the allocated peak, not "the peak"
+    assert.match(svg.querySelector('.xmem-peak-label')!.textContent!, /^allocated peak 0\.17 GiB$/);
+    assert.match(svg.querySelector('.xmem-reserved-peak .xmem-peak-label')!.textContent!, /^reserved peak 0\.20 GiB$/);
     // the limit is ~40x the peak: not drawn to scale, but said
     assert.equal(svg.querySelector('.xmem-line-capacity'), null);
-    assert.equal(svg.querySelector('.xmem-capacity-label'), null);
+    assert.equal(svg.querySelector('.xmem-line-gpu'), null);
     assert.equal(
       node.querySelector('.xmem-timeline .xmem-capacity-note')!.textContent,
-      'limit 7.33 GiB = capacity − context − libraries (far above the chart)'
+      'allocator limit 7.33 GiB = capacity − context − libraries (far above the chart)'
     );
   });
 
@@ -250,8 +258,11 @@ describe('a report that does not fit (mlp-large-rtx4060-does-not-fit.json)', () 
     const y = parseFloat(limit.getAttribute('y1')!);
     // the allocated line goes above (smaller y than) the limit
     assert.ok(Math.min(...allocatedYs(svg)) < y);
-    assert.match(svg.querySelector('.xmem-capacity-label')!.textContent!, /^limit 7\.33 GiB$/);
-    assert.equal(node.querySelector('.xmem-timeline .xmem-capacity-note')!.textContent, 'limit 7.33 GiB = capacity − context − libraries');
+    // the GPU's capacity is drawn too, apart from the limit: another line, another class
+    const gpu = svg.querySelector('.xmem-line-gpu')!;
+    assert.ok(gpu && parseFloat(gpu.getAttribute('y1')!) < y);
+    assert.equal(node.querySelector('.xmem-timeline .xmem-capacity-note')!.textContent,
+      'allocator limit 7.33 GiB = capacity − context − libraries');
   });
 
   it('shows the notes (the out-of-memory message)', () => {
@@ -381,9 +392,11 @@ describe('the palette the widget used', () => {
     assert.equal(style.getPropertyValue('--xmem-phase-optimizer'), '#9467bd');
     assert.equal(style.getPropertyValue('--xmem-phase-backward'), ''); // "red" is not #rrggbb
     assert.equal(style.getPropertyValue('--xmem-dev-allocated'), '#0969da');
-    assert.equal(style.getPropertyValue('--xmem-line-capacity'), '#cf222e');
+    // text and thin marks take the theme's shade from the stylesheet (style/palette.css), so
+    // the data's light shades never override a dark theme
+    assert.equal(style.getPropertyValue('--xmem-line-capacity'), '');
     assert.equal(style.getPropertyValue('--xmem-line-peak'), '');
-    assert.equal(style.getPropertyValue('--xmem-fits'), '#1a7f37');
+    assert.equal(style.getPropertyValue('--xmem-fits'), '');
     assert.ok(!node.getAttribute('style')!.includes('javascript'));
     assert.ok(!node.getAttribute('style')!.includes('123456'));
   });
