@@ -177,8 +177,8 @@ def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
 
 def legend_labels(tl: TimelineData) -> dict[str, str]:
     """The timeline legend: each line named as everywhere else, with its figure."""
-    return {"reserved": tl.labels["reserved_peak"].replace("reserved peak", "reserved (peak", 1) + ")",
-            "allocated": tl.labels["allocated_peak"].replace("allocated peak", "allocated (peak", 1) + ")",
+    return {"reserved": f"reserved ({tl.labels['reserved_peak']})",
+            "allocated": f"allocated ({tl.labels['allocated_peak']})",
             "range": "calibrated range of the reserved peak",
             "capacity": tl.labels["capacity"], "limit": tl.labels["allocator_limit"]}
 

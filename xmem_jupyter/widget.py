@@ -132,6 +132,7 @@ class XmemWidget(widgets.VBox):
         self.advise_button.on_click(self._on_advise)
         self.advice_panel = widgets.HTML()
         self.advice_view = widgets.Dropdown(description="charts show", options=[("as written", "")], value="",
+                                            tooltip="draw the step as written, or with one measured change",
                                             layout=widgets.Layout(width="30em", display="none"))
         self.advice_view.add_class("xmem-advice-view")
         self.advice_view.observe(self._on_advice_view, "value")
@@ -172,7 +173,7 @@ class XmemWidget(widgets.VBox):
         tl = build_timeline(est, self.flame.x_end)
         self.charts: Charts = build_charts(self.flame, tl, width=width)
         self.bokeh = BokehModel(self.charts.layout, layout=widgets.Layout(width="100%", max_width=f"{width + 40}px",
-                                                                           overflow_x="auto"))
+                                                                           overflow="auto hidden"))
         self.bokeh.add_class("xmem-charts")
         # the charts in words: a screen reader's text, and the labels the lab extension gives them
         self.chart_summary = widgets.HTML()

@@ -937,8 +937,8 @@ export function renderTimeline(r: Report, doc: Document): HTMLElement {
   // Legend, under the chart.
   const legend = el(doc, 'div', 'xmem-legend');
   const items: Array<[string, string]> = [
-    ['xmem-key-allocated', `allocated (${allocatedText.replace(/^allocated /, '')})`],
-    ['xmem-key-reserved', `reserved (${reservedText.replace(/^reserved /, '')})`],
+    ['xmem-key-allocated', `allocated (${allocatedText})`],
+    ['xmem-key-reserved', `reserved (${reservedText})`],
     ['xmem-key-gpu', capacityText + (g.capacityOnChart ? '' : ' (far above the chart)')],
     ['xmem-key-capacity', `${limitText} = capacity − context − libraries` + (g.limitOnChart ? '' : ' (far above the chart)')]
   ];

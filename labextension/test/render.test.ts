@@ -424,3 +424,71 @@ describe('the calibrated range', () => {
     assert.equal(node.querySelector('.xmem-range'), null);
   });
 });
+
+describe('one set of figures, the flame chart, labels that do not overlap', () => {
+  // a report as xmem_jupyter writes it: figures (figures.py) and a flame chart (flame.py)
+  const GiB = 1024 ** 3;
+  const base = example('mlp-rtx4060.json');
+  const figures = {
+    items: {
+      device_peak: { name: 'peak device memory', bytes: 3 * GiB, about: 'what nvidia-smi shows' },
+      capacity: { name: 'GPU capacity', bytes: base.capacity_bytes, about: '' },
+      allocator_limit: { name: 'allocator limit', bytes: 7.33 * GiB, about: '' },
+      context: { name: 'CUDA context', bytes: 0.5 * GiB, about: 'the context' },
+      libraries: { name: 'libraries', bytes: 0.25 * GiB, about: 'kernels' },
+      reserved_peak: { name: 'reserved peak', bytes: 2.25 * GiB, about: '' },
+      allocated_peak: { name: 'allocated peak', bytes: 1.5 * GiB, about: 'the most the tensors hold' },
+      reserved_above: { name: 'reserved above the allocated peak', bytes: 0.75 * GiB, about: 'cache' }
+    },
+    split: ['context', 'libraries', 'allocated_peak', 'reserved_above'],
+    text: 'peak device memory 3.00 GiB = ...'
+  };
+  const flame = {
+    unit: 'MiB', scale: 1048576, x_end: 40, n_tensors: 3, categories: ['parameter', 'activation', 'temporary'],
+    left: [0, 5, 10], right: [40, 20, 12], bottom: [0, 10, 10], top: [10, 30, 50], cat: [0, 1, 2],
+    label: [0, 1, 1], labels: ['tensor #1 <img src=x onerror=alert(1)>', 'tensor #2'], peak_event: 10, notes: ['n']
+  };
+  const node = render({ ...base, figures, flame });
+
+  it('names and measures each device bar part as the figures do', () => {
+    const titles = Array.from(node.querySelectorAll('.xmem-devicebar .xmem-seg')).map(s => (s as HTMLElement).title);
+    assert.deepEqual(titles.slice(0, 4), [
+      'CUDA context 0.50 GiB: the context', 'libraries 0.25 GiB: kernels',
+      'allocated peak 1.50 GiB: the most the tensors hold', 'reserved above the allocated peak 0.75 GiB: cache'
+    ]);
+    assert.equal(node.querySelector('.xmem-split')!.textContent, 'peak device memory 3.00 GiB = ...');
+    const labels = Array.from(node.querySelectorAll('svg.xmem-timeline-chart .xmem-peak-label')).map(t => t.textContent);
+    assert.deepEqual(labels, ['allocated peak 1.50 GiB', 'reserved peak 2.25 GiB']);
+  });
+
+  it('draws the flame chart: a bar per rectangle, its category colour, its label as text', () => {
+    const bars = node.querySelectorAll('.xmem-flame svg rect.xmem-flame-bar');
+    assert.equal(bars.length, 3);
+    assert.ok(bars[1].getAttribute('class')!.includes('xmem-c3-fill')); // activation's colour slot
+    assert.equal(bars[0].querySelector('title')!.textContent, 'tensor #1 <img src=x onerror=alert(1)>');
+    assert.equal(node.querySelectorAll('.xmem-flame img').length, 0);
+    // on the timeline's x axis: the last event is at the plot's right edge in both
+    const right = (svg: Element, x: number) => Number(svg.querySelector('.xmem-plot-bg')!.getAttribute('x')) + x;
+    assert.equal(right(node.querySelector('svg.xmem-flame-chart')!, 0), right(node.querySelector('svg.xmem-timeline-chart')!, 0));
+  });
+
+  it('moves a peak label that would cover the other', () => {
+    const tl = base.timeline;
+    const n = tl.event.length;
+    // the reserved line peaks where allocated does, a hair above it: their labels would collide
+    const reserved = tl.allocated.map((a: number, i: number) => (i === n >> 1 ? a * 50 + 1 : a * 50));
+    const allocated = tl.allocated.map((a: number, i: number) => (i === n >> 1 ? a * 50 : a));
+    const svg = render({ ...base, figures, timeline: { ...tl, reserved, allocated, peak_event: tl.event[n >> 1] } })
+      .querySelector('svg.xmem-timeline-chart')!;
+    const boxes = Array.from(svg.querySelectorAll('.xmem-peak-label')).map(t => {
+      const x = Number(t.getAttribute('x'));
+      const y = Number(t.getAttribute('y'));
+      const w = t.textContent!.length * 6.2;
+      const x0 = t.getAttribute('text-anchor') === 'end' ? x - w : x;
+      return { x0, x1: x0 + w, y0: y - 11, y1: y + 3 };
+    });
+    assert.equal(boxes.length, 2);
+    const [a, b] = boxes;
+    assert.ok(!(a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1), JSON.stringify(boxes));
+  });
+});
