@@ -41,8 +41,6 @@ from xmem_engine.cli_common import (  # noqa: F401  (REPORT_HINT and the errors:
     _alloc_conf,
 )
 from xmem_engine.trace import MODES
-from xmem_engine.tracing.torch_compile import COMPILE_MODES
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse, keeping its last error's message: with ``--json`` a usage error is one JSON
@@ -430,14 +428,11 @@ def _add_estimate(sub) -> None:
                    help="trace only the first N training iterations (the peak is usually reached by the 2nd)")
     p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=_torch_version_arg,
                    help="estimate for this PyTorch version's CUDA behaviour (default: the installed one)")
-    p.add_argument("--compile", choices=COMPILE_MODES, default=None,
-                   help="what torch.compile in the script does: inductor (compile for the target GPU, as the "
-                   "script asks; needs a torch with Triton) or eager (run compiled code eagerly, to see what "
-                   "compiling saves); default: $XMEM_COMPILE or inductor")
+    p.add_argument("--compile", choices=("inductor", "eager"), help="torch.compile: inductor (for the target GPU; needs "
+                   "Triton) or eager (to see what compiling saves); default: $XMEM_COMPILE or inductor")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--events", metavar="FILE", help="also write the trace (as `xmem trace --events`)")
-    p.add_argument("--snapshot", metavar="FILE",
-                   help="write the simulated run as a torch.cuda.memory._snapshot() pickle for _memory_viz")
+    p.add_argument("--snapshot", metavar="FILE", help="write the simulated run as a _snapshot() pickle for _memory_viz")
     p.add_argument("--max-batch", metavar="VAR",
                    help="print the largest value of the script's top-level VAR that fits on the GPU")
     p.add_argument("--safe", action="store_true",
@@ -501,8 +496,7 @@ def _cmd_estimate(args) -> int:
     # Everything the user gave is checked before the script runs.
     gpu, overrides = _script_inputs(args)
     _alloc_conf(args.alloc_conf)
-    if args.compile:  # read by the tracer (trace(compile=None)), here and in any worker it starts
-        os.environ["XMEM_COMPILE"] = args.compile
+    os.environ.update({"XMEM_COMPILE": args.compile} if args.compile else {})  # read by trace(compile=None)
     _check_output(args.events, "--events", args.force, (args.script,))
     _check_output(args.snapshot, "--snapshot", args.force, (args.script,))
     if args.events and args.snapshot and os.path.abspath(args.events) == os.path.abspath(args.snapshot):
