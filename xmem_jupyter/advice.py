@@ -24,6 +24,7 @@ from xmem_jupyter.session import Session
 from xmem_jupyter.timeline import thin
 
 STYLE = "font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13px;line-height:1.45"
+CODE = "overflow-wrap:anywhere;white-space:pre-wrap"  # long settings wrap rather than widen the table
 
 
 def advise_cell(session: Session, gpu: str, *, batch: int | None = None, alloc_conf: str | None = None,
@@ -69,7 +70,7 @@ def advice_html(advice: Advice) -> str:
             colour = var("fits" if m.fits else "nofit")
         rows.append(f"<tr class='xmem-lever'><td>{escape(m.lever.name)}</td><td style='text-align:right;white-space:nowrap'>{peak}</td>"
                     f"<td style='color:{colour};vertical-align:top'>{escape(verdict)}</td><td>{escape(m.lever.cost)}</td>"
-                    f"<td><code>{escape(m.change)}</code></td></tr>")
+                    f"<td><code style='{CODE}'>{escape(m.change)}</code></td></tr>")
     setting = [f"{advice.batch_var} = {advice.batch}"] if advice.batch_var and advice.batch else []
     setting += [f"PYTORCH_CUDA_ALLOC_CONF={advice.alloc_conf}"] if advice.alloc_conf else []
     head = (f"<b>What would make it fit {escape(b.gpu_name)}</b> ({amount(b.capacity_bytes)}): the step as "
@@ -81,7 +82,8 @@ def advice_html(advice: Advice) -> str:
     if b.fits:
         verdict = "The step fits already; the table shows what each change would save."
     elif advice.combination:
-        code = "".join(f"<li>{escape(n)}: <code>{escape(_measured(advice, n).change)}</code></li>"
+        code = "".join(f"<li>{escape(n)}: <code style='{CODE};display:block;box-sizing:border-box;max-width:100%'>"
+                       f"{escape(_measured(advice, n).change)}</code></li>"
                        for n in advice.combination)
         verdict = (f"<b>Cheapest change that fits:</b> <span class='xmem-combination'>"
                    f"{escape(' + '.join(advice.combination))}</span> (peak {amount(advice.combination_peak_bytes or 0)})"
@@ -213,8 +215,8 @@ def _panel_svg(name: str, est: Estimate, top: float, gib: float) -> str:
 
 
 def _ticks(top: float) -> list[float]:
-    """Three or four round values from 0 to below ``top`` (GiB)."""
-    raw = top / 3
+    """Four or five round values from 0 to below ``top`` (GiB)."""
+    raw = top / 4
     mag = 10 ** np.floor(np.log10(raw)) if raw > 0 else 1
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     return [round(k * step, 6) for k in range(int(top / step) + 1)]

@@ -69,7 +69,8 @@ def breakdown_html(est: Estimate, top: int = 8) -> str:
     label = source_labeler()
     td = "<td style='white-space:nowrap;padding:0 .5em'>"
     rows = "".join(
-        f"<tr><td><span style='color:{CATEGORY_COLORS.get(k, '#888')}'>&#9632;</span> {escape(k)}</td>"
+        f"<tr><td><span class='xmem-swatch' aria-hidden='true' style='color:{CATEGORY_COLORS.get(k, '#888')}'>"
+        f"&#9632;</span> {escape(k)}</td>"
         f"<td style='text-align:right'>{human(v)}</td></tr>" for k, v in est.breakdown.items())
     mods = "".join(f"<tr><td><code>{escape(k)}</code></td><td style='text-align:right'>{human(v)}</td></tr>"
                    for k, v in list(est.breakdown_by_module.items())[:top])

@@ -60,6 +60,12 @@ WIDGET_CSS = (
 )
 
 
+def _descendants(w: widgets.Widget):
+    yield w
+    for c in getattr(w, "children", ()):
+        yield from _descendants(c)
+
+
 @dataclass
 class SwitchTiming:
     """How long the last GPU / allocator change took (the benchmark prints it)."""
@@ -189,6 +195,10 @@ class XmemWidget(widgets.VBox):
                           self.progress, self.advice_panel, self.advice_view, self.chart_summary, self.bokeh,
                           self.breakdown, self.notes, self.report_data], **kwargs)
         self.add_class("xmem-widget")
+        # ipywidgets writes a tooltip of None into its (hidden) label as title="null"
+        for w in _descendants(self):
+            if isinstance(w, widgets.widgets.widget_description.DescriptionWidget) and w.tooltip is None:
+                w.tooltip = w.description or ""
 
     # ----------------------------------------------------------------- estimates
     def _estimate(self, batch: int | None, gpu: str, conf: str) -> Estimate:

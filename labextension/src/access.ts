@@ -38,12 +38,14 @@ export function decorateWidget(root: Element): void {
     const summary = widget.querySelector('.xmem-chart-summary .xmem-chart-text');
     const charts = widget.querySelector('.xmem-charts');
     if (summary && charts) {
-      if (!summary.id) {
-        summary.id = `xmem-chart-text-${++ids}`;
+      // one id for the charts' description, kept when the widget writes the text anew
+      const id = charts.getAttribute('aria-describedby') || summary.id || `xmem-chart-text-${++ids}`;
+      if (summary.id !== id) {
+        summary.id = id;
       }
       setIfChanged(charts, 'role', 'figure');
       setIfChanged(charts, 'aria-label', 'tensor lifetimes and allocator memory over the step');
-      setIfChanged(charts, 'aria-describedby', summary.id);
+      setIfChanged(charts, 'aria-describedby', id);
     }
   }
 }

@@ -50,6 +50,11 @@ describe('decorateWidget', () => {
     const id = text.id;
     decorateWidget(doc.body); // idempotent
     assert.equal(text.id, id);
+    // the widget writes its text anew (a GPU switch): the new element takes the same id
+    doc.querySelector('.xmem-chart-summary')!.innerHTML = '<div class="xmem-chart-text">Charts: other.</div>';
+    decorateWidget(doc.body);
+    assert.equal(doc.querySelector('.xmem-chart-text')!.id, id);
+    assert.equal(charts.getAttribute('aria-describedby'), id);
   });
 });
 
