@@ -78,6 +78,12 @@ def test_advise_flag_puts_the_levers_in_the_widget_and_the_report(ip, shown):
     assert by["activation checkpointing"]["fits"] and by["gradient accumulation x2"]["detail"] == "micro-batch 64"
     assert by["activation checkpointing"]["peak_device_bytes"] < 0.7 * advice["peak_device_bytes"]
     assert advice["combination"] and "Cheapest change that fits" in bundle["text/html"]
+    # how "cheapest" is judged, in the widget, the static HTML and the saved report alike
+    from html import escape
+
+    from xmem_jupyter.advice import RANKING
+
+    assert advice["ranking"] == RANKING and escape(RANKING) in bundle["text/html"]
     assert "cheapest change that fits: " in bundle["text/plain"]
     widget = _widget(bundle)
     assert "xmem-advice" in widget.advice_panel.value and widget.advice_view.layout.display is None

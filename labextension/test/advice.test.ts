@@ -78,4 +78,12 @@ describe('advice', () => {
     data.advice.fits = true;
     assert.match(render(data).querySelector('.xmem-advice-verdict')?.textContent ?? '', /fits already/);
   });
+
+  it('says how "cheapest" is judged when xmem wrote it (the report\'s advice.ranking)', () => {
+    const data = example();
+    assert.equal(render(data).querySelector('.xmem-ranking'), null); // an older report: nothing made up
+    const ranking = 'Ranked by cost, cheapest first.';
+    const node = render({ ...data, advice: { ...data.advice, ranking } });
+    assert.equal(node.querySelector('.xmem-advice .xmem-ranking')!.textContent, ranking);
+  });
 });
