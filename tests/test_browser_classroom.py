@@ -374,6 +374,11 @@ def test_dark_theme_contrast_and_1280_px(lab, browser):
         for o in page.evaluate(OVERFLOW_JS, f"{PANEL} .xmem-widget, {PANEL} .xmem-lever-timelines"):
             assert o["over"] <= 1 and o["inner"] <= 1 and o["scroll"] <= 1, o
 
+        # the light theme first: its text meets 4.5:1 too
+        low = [c for c in page.evaluate(CONTRAST_JS, f"{PANEL} .xmem-widget, {PANEL} .xmem-lever-timelines")
+               if c["ratio"] < 4.5]
+        assert not low, low[:10]
+
         # JupyterLab Dark, switched to with the charts on screen: they are painted again
         set_theme(page, "JupyterLab Dark")
         widget.scroll_into_view_if_needed()
