@@ -191,11 +191,12 @@ def _claims(stem: str, nb, code) -> None:
         rows = {s: [float(v) for v in re.findall(r"([\d.]+) GiB", line(s + " "))]
                 for s in ("DDP", "FSDP", "FSDP + CPU offload")}
         assert all(len(v) == 4 for v in rows.values()), rows
-        assert len(set(rows["DDP"])) == 1  # "does not move with the number of GPUs"
+        # "does not move with the number of GPUs once there are two or more"; "NCCL's communicator adds"
+        assert len(set(rows["DDP"][1:])) == 1 and 0.5 < rows["DDP"][1] - rows["DDP"][0] < 1.0, rows["DDP"]
         assert rows["FSDP"] == sorted(rows["FSDP"], reverse=True) and rows["FSDP"][-1] < rows["FSDP"][0]  # "falls"
         assert rows["FSDP + CPU offload"][-1] < rows["FSDP"][-1]
         share = int(re.search(r"activations are (\d+)%", allout).group(1))
         assert share > 50  # "mostly activations"
         largest = [int(re.search(r"is (\d+)$", line(f"{s}: the largest batch")).group(1))
                    for s in ("DDP", "FSDP", "FSDP + CPU offload")]
-        assert largest == sorted(largest) and largest[0] < largest[-1], largest  # "the larger the batch"
+        assert largest[0] < min(largest[1:]), largest  # "a larger batch than DDP's"
