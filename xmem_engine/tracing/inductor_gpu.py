@@ -18,24 +18,36 @@ import torch
 
 from xmem_engine.tracing.patches import patched_attr, patched_item
 
-#: ``torch.cuda.is_available`` as this machine answers it (False without a driver), taken before
-#: the tracer patches it to say True: a compiler must see the truth (see :func:`real_availability`)
-REAL_IS_AVAILABLE = torch.cuda.is_available
-REAL_ACCELERATOR = getattr(getattr(torch, "accelerator", None), "current_accelerator", None)
+def availability() -> tuple[Callable[..., Any], Callable[..., Any] | None]:
+    """``torch.cuda.is_available`` and ``torch.accelerator.current_accelerator`` as they are now
+    (None: this torch has no ``torch.accelerator``), for :func:`answering_availability`."""
+    return torch.cuda.is_available, getattr(getattr(torch, "accelerator", None), "current_accelerator", None)
+
+
+#: the two as this machine answers them (no GPU without a driver), taken before the tracer
+#: patches them to say the virtual GPU is there: a compiler must see the truth
+REAL_AVAILABILITY = availability()
 
 
 @contextlib.contextmanager
-def real_availability() -> Iterator[None]:
+def answering_availability(answers: tuple[Callable[..., Any], Callable[..., Any] | None]) -> Iterator[None]:
+    """``torch.cuda.is_available`` and ``torch.accelerator.current_accelerator`` answered by
+    ``answers`` (an :func:`availability` pair) for the block, put back after."""
+    is_available, current_accelerator = answers
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched_attr(torch.cuda, "is_available", is_available))
+        if current_accelerator is not None:
+            stack.enter_context(patched_attr(torch.accelerator, "current_accelerator", current_accelerator))
+        yield
+
+
+def real_availability() -> contextlib.AbstractContextManager:
     """``torch.cuda.is_available()`` False (and no current accelerator) while compiling, as on
     this machine: FakeTensorMode then installs CUDA's no-op device guard and makes its ``cuda``
     tensors without initialising CUDA (Inductor's pattern tracing makes some), and Dynamo asks
     no driver for RNG states or stream captures. The compilers' questions about the GPU itself
     are answered by :func:`inductor_for_virtual_gpu`."""
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(patched_attr(torch.cuda, "is_available", REAL_IS_AVAILABLE))
-        if REAL_ACCELERATOR is not None:
-            stack.enter_context(patched_attr(torch.accelerator, "current_accelerator", REAL_ACCELERATOR))
-        yield
+    return answering_availability(REAL_AVAILABILITY)
 
 
 # ---------------------------------------------------------------- the virtual GPU, as Inductor sees it

@@ -45,7 +45,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.tracing.inductor_gpu import REAL_ACCELERATOR, inductor_for_virtual_gpu, real_availability
+from xmem_engine.tracing.inductor_gpu import (answering_availability, availability, inductor_for_virtual_gpu,
+                                              real_availability)
 from xmem_engine.tracing.patches import eager_compiled, patched_attr
 
 #: what ``torch.compile`` does under the tracer (``trace(compile=...)``, ``xmem estimate --compile``)
@@ -122,10 +123,7 @@ class CompiledCalls:
         self.t = tracer
         self.stack = stack  # the recording's: the Inductor patches are entered there, once
         self.real_compile = torch.compile
-        # the tracer's answers (patched_cuda), for compiled code's runtime
-        self.virtual = {"is_available": torch.cuda.is_available}
-        if REAL_ACCELERATOR is not None:
-            self.virtual["current_accelerator"] = torch.accelerator.current_accelerator
+        self.virtual = availability()  # the tracer's answers (patched_cuda), for compiled code's runtime
         self.record = CompileRecord()
         self.installed = False
         self.attention: Callable[..., Any] | None = None  # sdpa.compiled_attention for the target GPU
@@ -260,8 +258,8 @@ class CompiledCalls:
     # -- compiling
     @contextlib.contextmanager
     def compiling(self) -> Iterator[None]:
-        """A compile in progress: the tracer's modes let its ops through; AOTAutograd's
-        ``autograd.grad`` is the Python engine; SDPA is the target GPU's fused kernel."""
+        """A compile in progress: the tracer's modes let its ops through, the machine's own answer
+        to ``torch.cuda.is_available()``, and AOTAutograd's ``autograd.grad`` is the Python engine."""
         from xmem_engine.tracing import python_autograd
 
         start = time.perf_counter()
@@ -276,21 +274,13 @@ class CompiledCalls:
 
     def runtime(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A backend's compiled callable, run with the device mode on (as eager code runs)."""
-        t = self
-        virtual = self.virtual
+        tracer, virtual = self.t, self.virtual
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            mode = t.t.device_mode
+            mode = tracer.device_mode
             if mode.on_stack():
                 return fn(*args, **kwargs)
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(patched_attr(torch.cuda, "is_available", virtual["is_available"]))
-                if "current_accelerator" in virtual:
-                    stack.enter_context(patched_attr(torch.accelerator, "current_accelerator",
-                                                     virtual["current_accelerator"]))
-                stack.enter_context(hooks_off(t.t, False))
-                stack.enter_context(_flag(t.t, "in_dynamo", False))
-                stack.enter_context(mode)
+            with answering_availability(virtual), hooks_off(tracer, False), _flag(tracer, "in_dynamo", False), mode:
                 return fn(*args, **kwargs)
 
         if getattr(fn, "_boxed_call", False):
