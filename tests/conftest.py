@@ -44,10 +44,6 @@ def _cuda_build_gaps() -> dict[str, str]:
             "a CUDA build without a driver fails CUDA-only calls with the driver's message, not the "
             "call's name (issues #14 and #16)",
     }
-    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 11):
-        gaps["tests/test_torch_compile.py::test_a_graph_break_compiles_two_graphs_and_is_named"] = (
-            "torch 2.10's Dynamo runs the code between graphs (a tensor's .item()) with the tracer's device "
-            "mode off, where a fake tensor has no value to give (issue #32, graph breaks)")
     from xmem_engine.tracing.sdpa import prefer_cudnn
 
     if prefer_cudnn((9, 0)):  # the running torch has a cuDNN that SDPA prefers on sm90

@@ -89,11 +89,12 @@ class CompileRecord:
     failures: list[str] = field(default_factory=list)
     modes: set[str] = field(default_factory=set)
     wrappers: list[str] = field(default_factory=list)  # Inductor's generated output code, in load order
+    skipped: list[str] = field(default_factory=list)  # called, but Dynamo made no graph of it
 
     def as_json(self) -> dict:
         return {"where": list(self.where), "graphs": self.graphs, "backward_graphs": self.backward_graphs,
                 "seconds": round(self.seconds, 3), "graph_breaks": list(self.graph_breaks),
-                "failures": len(self.failures), "wrappers": list(self.wrappers)}
+                "failures": len(self.failures), "wrappers": list(self.wrappers), "skipped": list(self.skipped)}
 
     def notes(self) -> list[str]:
         out = []
@@ -109,6 +110,10 @@ class CompileRecord:
             more = f" (and {len(self.graph_breaks) - 3} more)" if len(self.graph_breaks) > 3 else ""
             out.append(f"torch.compile: {len(self.graph_breaks)} graph break{'s' if len(self.graph_breaks) != 1 else ''}, "
                        f"the code between graphs ran eagerly: {shown}{more}")
+        skipped = [w for w in self.skipped if w not in self.where]
+        if skipped:
+            out.append(f"torch.compile at {', '.join(skipped)}: Dynamo compiled no graph (this torch skips the "
+                       "compiled code, e.g. torch's own nn modules before 2.11); it ran eagerly, as on the GPU")
         out += self.failures
         out += [UNMODELLED_MODES[m] for m in sorted(self.modes) if m in UNMODELLED_MODES]
         return out
@@ -161,9 +166,9 @@ class CompiledCalls:
         compiled = self.real_compile(model, fullgraph=fullgraph, dynamic=dynamic, backend=be, disable=disable,
                                      **kwargs)
         if isinstance(compiled, torch.nn.Module):  # OptimizedModule: its forward enters Dynamo
-            compiled.forward = self.calls(compiled.forward, model)
+            compiled.forward = self.calls(compiled.forward, model, where)
             return compiled
-        return functools.wraps(model)(self.calls(compiled, model)) if callable(compiled) else compiled
+        return functools.wraps(model)(self.calls(compiled, model, where)) if callable(compiled) else compiled
 
     def why_eager(self, backend: Any) -> str | None:
         if self.t.compile_mode == "eager":
@@ -186,6 +191,7 @@ class CompiledCalls:
             # torch.cuda.is_available(), which says True while tracing). Without a driver the
             # real guard's error is thrown where C++ cannot catch it (the process aborts).
             torch._C._ensureCUDADeviceGuardSet()
+            _dynamo_skips_the_tracer()
             self.stack.enter_context(inductor_for_virtual_gpu(
                 self.t.vc.props, lambda mod: self.record.wrappers.append(getattr(mod, "__file__", "") or "")))
             self.stack.callback(self._forget)
@@ -201,7 +207,7 @@ class CompiledCalls:
         torch._dynamo.reset()
 
     # -- calling compiled code
-    def calls(self, fn: Callable[..., Any], eager: Callable[..., Any]) -> Callable[..., Any]:
+    def calls(self, fn: Callable[..., Any], eager: Callable[..., Any], where: str) -> Callable[..., Any]:
         """``fn`` (Dynamo's entry) called with the device mode off and the traced tensors
         reporting ``cuda``; nested compiled calls run inside the outer one's Dynamo frame.
         A call that touches no virtual-GPU tensor is host work (a library's CPU kernel, a
@@ -218,6 +224,8 @@ class CompiledCalls:
             with without_function_mode(mode), _flag(t, "in_dynamo"), hooks_off(t), real_availability(), \
                     self.functions_for_dynamo():
                 out = fn(*args, **kwargs)
+            if where not in self.record.where and where not in self.record.skipped:
+                self.record.skipped.append(where)
             new = _graph_breaks() - breaks
             if new:
                 self.record.graph_breaks += _break_reasons(new)
@@ -373,6 +381,25 @@ def hooks_off(tracer: Any, off: bool = True) -> Iterator[None]:
             torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, _unpack)
         elif not off and not mine:
             torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
+def _dynamo_skips_the_tracer() -> None:
+    """Dynamo never compiles the tracer's own handlers. Where it skips a frame it runs the frame
+    eagerly with its callback on, and would take the next Python frame for a new entry: under a
+    skipped frame (torch 2.10 skips ``nn.Linear``'s ``_call_impl`` and ``forward``) that is the
+    tracer's dispatch handler or ``FakeTensor.device``, which it cannot trace."""
+    try:
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:  # an older torch: no per-code strategy; nothing to do
+        return
+    from xmem_engine.tracing import alloc_mode, device_mode
+
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)  # this frame and all it calls
+    codes = [alloc_mode.AllocMode.__torch_dispatch__.__code__, device_mode.DeviceMode.__torch_function__.__code__]
+    codes += [c for c in device_mode.fake_device_property.__code__.co_consts if getattr(c, "co_name", "") == "device"]
+    for code in codes:
+        set_code_exec_strategy(code, skip)
 
 
 def _dynamo_fakes(gm: torch.fx.GraphModule, example_inputs: list) -> list:
