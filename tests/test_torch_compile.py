@@ -168,3 +168,29 @@ def test_a_graph_break_compiles_two_graphs_and_is_named():
     forward = [p for p in tr.meta["compile"]["wrappers"] if "tangents_" not in open(p).read()]
     got = [s for s, op in _allocs(tr, 1, "forward") if op == "aten.empty_strided.default"]
     assert len(forward) >= 2 and got == [b for p in forward for b in _buffers(p)]
+
+
+def test_a_library_that_wraps_torch_compile_and_copies_its_arguments_still_compiles():
+    """Lightning replaces ``torch.compile`` at import with a wrapper that deep-copies each call's
+    arguments onto the module (``lightning/fabric/wrappers.py``, ``_capture_compile_kwargs``) and
+    compiles again with them in ``Fabric.setup``: the backend the tracer passes must survive both."""
+    import copy
+
+    real = torch.compile
+
+    def capture(*args, **kwargs):
+        if not args or not isinstance(args[0], torch.nn.Module):
+            return real(*args, **kwargs)
+        compiled = real(args[0], **kwargs)
+        compiled._compile_kwargs = copy.deepcopy(kwargs)
+        return compiled
+
+    again = MLP.replace("step = torch.compile(model)",
+                        "step = torch.compile(torch.compile(model)._orig_mod, **torch.compile(model)._compile_kwargs)")
+    torch.compile = capture
+    try:
+        tr = trace(again, {}, mode="fake", device=H100)
+    finally:
+        torch.compile = real
+    assert tr.meta["compile"]["graphs"] == 1 and tr.meta["compile"]["failures"] == 0
+    assert tr.meta["compile"]["backward_graphs"] == 1

@@ -152,8 +152,10 @@ class CompiledCalls:
             return eager_compiled(model, where, reason, self.t.notes,
                                   lambda args, kwargs: self.on_gpu(model, args, kwargs))
         self.install()
-        if backend == "inductor":
-            inner: Any = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        if isinstance(backend, VirtualGPUBackend):  # compiled again with the arguments kept (Lightning)
+            inner: Any = backend.inner
+        elif backend == "inductor":
+            inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
             if mode:
                 self.record.modes.add(mode)
         elif isinstance(backend, str):
@@ -302,6 +304,11 @@ class VirtualGPUBackend:
 
     def __init__(self, calls: CompiledCalls, inner: Any, where: str):
         self.calls, self.inner, self.where = calls, inner, where
+
+    def __deepcopy__(self, memo: dict) -> "VirtualGPUBackend":
+        """Itself: it holds the trace. Lightning's ``torch.compile`` wrapper deep-copies the
+        arguments of each call (to compile again in ``Fabric.setup``), the backend among them."""
+        return self
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         rec = self.calls.record
