@@ -181,3 +181,58 @@ def test_cli_advise_infers_the_batch_variable_and_says_so(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["batch_var"] == "batch" and out["batch"] == 16 and out["batch_var_inferred"] is True
     assert any(lv["lever"] == "gradient accumulation x2" for lv in out["levers"])
+
+
+# ------------------------------------------------------------------ costs in one unit (issue #35 item 3)
+
+def test_levers_are_ranked_by_the_stated_rule_accumulation_before_checkpointing():
+    """Accumulation x2 (no extra FLOPs, two micro-steps) is cheaper than checkpointing (one extra
+    forward: about +33% compute); changes to what is trained come last; every cost is printed in
+    one unit first, extra compute."""
+    from xmem_engine.advisor import levers
+    from xmem_engine.advisor_cost import RANKING
+    from xmem_engine.estimate import resolve_gpu
+
+    order = [lv.name for lv in levers(resolve_gpu(GPU), "batch_size")]
+    assert order.index("gradient accumulation x2") < order.index("gradient accumulation x4") \
+        < order.index("activation checkpointing") < order.index("Adafactor instead of Adam(W)")
+    assert order[-2:] == ["Adafactor instead of Adam(W)", "largest batch that fits"] or \
+        order[-2:] == ["largest batch that fits", "Adafactor instead of Adam(W)"]
+    keys = [lv.cost.key() for lv in levers(resolve_gpu(GPU), "batch_size")]
+    assert keys == sorted(keys)
+    by = {lv.name: lv.cost for lv in levers(resolve_gpu(GPU), "batch_size")}
+    assert by["activation checkpointing"].extra_compute_pct == 33 and by["gradient accumulation x2"].micro_steps == 2
+    assert by["gradient accumulation x2"].extra_compute_pct == 0 and not by["gradient accumulation x2"].training
+    assert all(c.text.startswith(f"+{'~' if c.extra_compute_pct else ''}{c.extra_compute_pct}% compute")
+               for c in by.values())
+    assert by["gradient accumulation x2"].text.startswith("+0% compute; 2 micro-steps per optimizer step")
+    assert RANKING.count(". ") == 0 and RANKING.endswith(".")  # one sentence
+
+
+def test_the_cheapest_change_that_fits_is_accumulation_when_checkpointing_fits_too():
+    from xmem_engine.advisor import Advice, Measured, _combine, levers
+    from xmem_engine.advisor_cost import RANKING
+    from xmem_engine.estimate import estimate, resolve_gpu
+
+    base = estimate("import torch\nx = torch.empty(1 << 20, device='cuda')\n", GPU, namespace={}, mode="fake")
+    advice = Advice(base, batch_var="batch_size", batch=64)
+    for lv in levers(resolve_gpu(GPU), "batch_size"):
+        fits = lv.name in ("activation checkpointing", "gradient accumulation x2", "largest batch that fits")
+        # checkpointing saves the most: ranked by cost, not by the peak
+        saved = 3000 if lv.name == "activation checkpointing" else 1000 if fits else 0
+        advice.levers.append(Measured(lv, peak_device_bytes=base.peak_device_bytes - saved, fits=fits))
+
+    def no_runs(*args):
+        raise AssertionError("a lever that fits alone needs no combination run")
+
+    _combine(advice, no_runs, 64)
+    assert advice.combination == ["gradient accumulation x2"]
+    text = advice.summary()
+    assert RANKING in text and "+~33% compute" in text and "2 micro-steps per optimizer step" in text
+    data = json.loads(json.dumps(advice.to_json()))
+    assert data["ranking"] == RANKING
+    terms = {lv["lever"]: lv["cost_terms"] for lv in data["levers"]}
+    assert terms["gradient accumulation x2"]["micro_steps"] == 2 and terms["activation checkpointing"]["extra_compute_pct"] == 33
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((Path(__file__).resolve().parents[1] / "xmem_engine" / "data" / "report.schema.json").read_text())
+    jsonschema.validate(data, schema["properties"]["advice"])

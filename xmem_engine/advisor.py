@@ -14,8 +14,9 @@ Each lever is applied without editing the script, then the step is estimated aga
   LSTM test, a hand-written 4-micro-batch loop reserved 12% more than the figure here).
 
 Every result is a real estimate; nothing is scaled by a rule of thumb. Each says what to change,
-as code to paste, and what it costs. :func:`advise` also finds the cheapest combination that
-fits, adding levers in order of cost.
+as code to paste, and what it costs (:class:`~xmem_engine.advisor_cost.Cost`: extra compute first,
+then micro-steps, precision, speed, training; ranked by the rule ``RANKING`` states). :func:`advise`
+also finds the cheapest combination that fits, adding levers in that order.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from xmem_engine.advisor_cost import RANKING, Cost
 from xmem_engine.estimate import Estimate, estimate_trace, max_batch, resolve_gpu
 from xmem_engine.gpus import GPU
 from xmem_engine.tracing.patches import patched_attr
@@ -40,8 +42,7 @@ class Lever:
 
     name: str
     change: str  # the code to paste, or the setting
-    cost: str
-    rank: int  # cheaper first
+    cost: Cost  # what it costs, ranked by advisor_cost.RANKING
     alloc_conf: str = ""  # allocator-only: re-simulate with this PYTORCH_CUDA_ALLOC_CONF
     patch: Callable[[GPU], contextlib.AbstractContextManager] | None = None  # code: re-trace under it
     batch_divisor: int = 0  # re-trace with the batch variable divided by this (accumulation)
@@ -67,7 +68,8 @@ class Measured:
         return self.how or self.lever.change
 
     def to_json(self) -> dict:
-        return {"lever": self.lever.name, "change": self.change, "cost": self.lever.cost,
+        return {"lever": self.lever.name, "change": self.change, "cost": self.lever.cost.text,
+                "cost_terms": self.lever.cost.to_json(),
                 "peak_device_bytes": self.peak_device_bytes if self.applicable and not self.error else None,
                 "fits": self.fits, "applicable": self.applicable, "detail": self.detail, "error": self.error}
 
@@ -91,7 +93,7 @@ class Advice:
         return {"gpu": b.gpu, "gpu_name": b.gpu_name, "capacity_bytes": b.capacity_bytes,
                 "peak_device_bytes": b.peak_device_bytes, "fits": b.fits, "alloc_conf": self.alloc_conf,
                 "batch_var": self.batch_var, "batch": self.batch, "batch_var_inferred": self.batch_var_inferred,
-                "levers": [m.to_json() for m in self.levers],
+                "ranking": RANKING, "levers": [m.to_json() for m in self.levers],
                 "combination": self.combination, "combination_peak_bytes": self.combination_peak_bytes}
 
     def summary(self) -> str:
@@ -111,8 +113,8 @@ class Advice:
             else:
                 peak = f"{m.peak_device_bytes / gib:.2f} GiB"
                 verdict = ("fits" if m.fits else "does not fit") + (f" ({m.detail})" if m.detail else "")
-            lines.append(f"{m.lever.name:38s} {peak:>10s}  {verdict:30s} {m.lever.cost}")
-        lines.append("")
+            lines.append(f"{m.lever.name:38s} {peak:>10s}  {verdict:30s} {m.lever.cost.text}")
+        lines += ["", RANKING, ""]
         if b.fits:
             lines.append("the step already fits; the levers above show what each would save")
         elif self.combination:
@@ -402,37 +404,39 @@ def batch_var_in(source: str, overrides: dict[str, str] | None = None) -> str | 
 
 
 def levers(gpu: GPU, batch_var: str | None) -> list[Lever]:
-    """The levers, cheapest first (cost: what the change does to speed or training)."""
+    """The levers, cheapest first by :data:`~xmem_engine.advisor_cost.RANKING` (``Cost.key``)."""
     half = "bfloat16" if _half(gpu) == torch.bfloat16 else "float16"
     scaler = "" if half == "bfloat16" else " + torch.amp.GradScaler('cuda') around backward/step"
     out = [
-        Lever("expandable segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "none", 0,
+        Lever("expandable segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", Cost(),
               alloc_conf="expandable_segments:True"),
         Lever("zero_grad(set_to_none=True)", "optimizer.zero_grad(set_to_none=True)  # the default since torch 2.0",
-              "none", 0, patch=set_to_none_patch),
-        Lever("for-loop optimizer", "torch.optim.AdamW(params, ..., foreach=False)",
-              "slower optimizer step (one kernel per parameter)", 1, patch=for_loop_patch),
-        Lever("fused optimizer", "torch.optim.AdamW(params, ..., fused=True)", "none (usually faster)", 1,
+              Cost(), patch=set_to_none_patch),
+        Lever("fused optimizer", "torch.optim.AdamW(params, ..., fused=True)", Cost(note="usually faster"),
               patch=fused_patch),
+        Lever("for-loop optimizer", "torch.optim.AdamW(params, ..., foreach=False)",
+              Cost(slower="one kernel per parameter in the optimizer step"), patch=for_loop_patch),
         Lever("garbage-collection threshold", "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6",
-              "occasional cache flushes", 1, alloc_conf="garbage_collection_threshold:0.6"),
+              Cost(slower="occasional cache flushes"), alloc_conf="garbage_collection_threshold:0.6"),
         Lever(f"autocast {half}", f"with torch.autocast('cuda', dtype=torch.{half}): loss = loss_fn(model(x), y)  "
               f"# then loss.backward() outside{scaler}",
-              "none to speed (faster); lower-precision activations", 2, patch=autocast_patch),
+              Cost(precision=f"{half} activations", note="usually faster"), patch=autocast_patch),
         Lever("activation checkpointing", "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) "
-              "for each repeated block", "+~30% compute (blocks re-run in backward)", 3, patch=checkpoint_patch),
+              "for each repeated block", Cost(extra_compute_pct=33, note="each block's forward runs again in backward"),
+              patch=checkpoint_patch),
         Lever("Adafactor instead of Adam(W)", "torch.optim.Adafactor(params, lr=...)",
-              "different optimizer: retune the learning rate", 4, patch=adafactor_patch),
+              Cost(training="another optimizer: retune the learning rate"), patch=adafactor_patch),
     ]
     if batch_var:
         for k in (2, 4):
             out.append(Lever(f"gradient accumulation x{k}",
                              f"{batch_var} //= {k}; accumulate {k} micro-batches: (loss / {k}).backward(), "
-                             f"optimizer.step() every {k}", f"{k}x the steps per update (same effective batch)",
-                             4 + k // 2, batch_divisor=k, patch=accumulation_patch))
+                             f"optimizer.step() every {k}",
+                             Cost(micro_steps=k, note="same effective batch; batch norm sees the micro-batch"),
+                             batch_divisor=k, patch=accumulation_patch))
         out.append(Lever("largest batch that fits", f"{batch_var} = <the largest that fits>",
-                         "changes training: another effective batch", 7, smaller_batch=True))
-    return out
+                         Cost(training="another effective batch: retune the learning rate"), smaller_batch=True))
+    return sorted(out, key=lambda lv: lv.cost.key())
 
 
 # --------------------------------------------------------------------------- measuring
@@ -581,8 +585,8 @@ def _combine(advice: Advice, run: Runner, batch: int | None) -> None:
     """Add the levers that lowered the peak, cheapest first, until the step fits."""
     useful = sorted((m for m in advice.levers if m.applicable and not m.error
                      and m.peak_device_bytes < advice.baseline.peak_device_bytes),
-                    key=lambda m: (m.lever.rank, m.peak_device_bytes))
-    best = next((m for m in useful if m.fits), None)  # useful is in (rank, peak) order
+                    key=lambda m: (m.lever.cost.key(), m.peak_device_bytes))
+    best = next((m for m in useful if m.fits), None)  # useful is in (cost, peak) order
     if best is not None:
         advice.combination, advice.combination_peak_bytes = [best.lever.name], best.peak_device_bytes
         advice.combination_estimate = best.estimate

@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from xmem_engine.advisor import Advice, Lever, Measured, applied, measure
+from xmem_engine.advisor_cost import RANKING
 from xmem_engine.estimate import Estimate, estimate_trace, resolve_gpu
 
 from xmem_jupyter.figures import amount
@@ -45,14 +46,6 @@ def advise_cell(session: Session, gpu: str, *, batch: int | None = None, alloc_c
                    base=base, progress=progress)
 
 
-#: how the table is ordered and "cheapest" judged (the advisor lists its levers in order of cost)
-RANKING = ("Ranked by cost, cheapest first, in the terms of the cost column: changes that cost nothing, then "
-           "ones that cost speed (the optimizer's implementation, cache flushes), precision (autocast), "
-           "recomputation (checkpointing: the blocks run again in backward), then changes to the training itself "
-           "(another optimizer, more steps per update, another batch). The cheapest change that fits is the first "
-           "in this order that fits; when none fits alone, changes are added in this order until the step fits.")
-
-
 def advice_html(advice: Advice) -> str:
     """The levers as a table (cheapest first: measured peak, fits or not, cost, the change to
     make), how the order is judged, and the cheapest change that fits, with its code. Peaks
@@ -69,7 +62,7 @@ def advice_html(advice: Advice) -> str:
             verdict = ("fits" if m.fits else "does not fit") + (f" ({m.detail})" if m.detail else "")
             colour = var("fits" if m.fits else "nofit")
         rows.append(f"<tr class='xmem-lever'><td>{escape(m.lever.name)}</td><td style='text-align:right;white-space:nowrap'>{peak}</td>"
-                    f"<td style='color:{colour};vertical-align:top'>{escape(verdict)}</td><td>{escape(m.lever.cost)}</td>"
+                    f"<td style='color:{colour};vertical-align:top'>{escape(verdict)}</td><td>{escape(m.lever.cost.text)}</td>"
                     f"<td><code style='{CODE}'>{escape(m.change)}</code></td></tr>")
     setting = [f"{advice.batch_var} = {advice.batch}"] if advice.batch_var and advice.batch else []
     setting += [f"PYTORCH_CUDA_ALLOC_CONF={advice.alloc_conf}"] if advice.alloc_conf else []
@@ -93,7 +86,7 @@ def advice_html(advice: Advice) -> str:
                    "</span> a larger GPU, or sharding over several.")
     return (f"<div class='xmem-advice' style='{STYLE}'><div>{head}</div>"
             f"<table><caption style='text-align:left'>each change, cheapest first</caption><tr><th scope='col'>change"
-            f"</th><th scope='col'>peak device memory</th><th scope='col'>verdict</th><th scope='col'>cost</th>"
+            f"</th><th scope='col'>peak device memory</th><th scope='col'>verdict</th><th scope='col'>cost (extra compute first)</th>"
             f"<th scope='col'>how</th></tr>{''.join(rows)}</table>"
             f"<div class='xmem-ranking' style='color:{var('fg2')};font-size:12px'>{escape(RANKING)}</div>"
             f"<div>{verdict}</div></div>")

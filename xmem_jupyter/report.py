@@ -14,7 +14,7 @@ from typing import Any, Iterable
 from xmem_engine.advisor import Advice
 from xmem_engine.estimate import REPORT_MIME, Estimate
 
-from xmem_jupyter.advice import RANKING, advice_html
+from xmem_jupyter.advice import advice_html
 
 from xmem_jupyter.figures import Figure, amount, device_split, report_figures, split_text
 from xmem_jupyter.flame import flame_report, human, source_labeler
@@ -149,7 +149,7 @@ def report_bundle(est: Estimate, others: Iterable[Estimate] = (), max_batch: dic
         report["flame"] = flame
     html, text = summary_html(est, others, max_batch), one_line(est, others)
     if advice is not None:
-        report["advice"] = {**advice.to_json(), "ranking": RANKING}
+        report["advice"] = advice.to_json()  # its "ranking" states how cost is judged
         html = html.removesuffix("</div>") + advice_html(advice) + "</div>"
         if advice.combination:
             text += f" | cheapest change that fits: {' + '.join(advice.combination)}"
