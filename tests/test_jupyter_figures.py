@@ -80,6 +80,8 @@ def test_every_view_shows_each_figure_with_one_number(est):
         "static html": bundle["text/html"],
         "saved report": report["figures"]["text"] + " " + " ".join(
             f"{v['name']} {amount(v['bytes'])}" for v in report["figures"]["items"].values()),
+        "cli summary": est.summary(),
+        "headline detail": report["headline_detail"],
     }
     seen: dict[str, dict[str, set[str]]] = {v: _named_amounts(t, names) for v, t in views.items()}
     for key, f in figs.items():
@@ -96,6 +98,85 @@ def test_every_view_shows_each_figure_with_one_number(est):
     assert f"Peak {amount(est.peak_device_bytes)}" in est.headline  # the headline's unit is the figures' unit
     # the retired name is gone: one quantity, one name
     assert "cached but unused" not in " ".join(views.values())
+    # the CLI's line under the headline says which peak is which (issue #35 item 4): the reserved
+    # peak, the tensors at that moment, and the allocated peak, at another moment here
+    assert {"CUDA context", "libraries", "reserved peak", "allocated at the reserved peak",
+            "allocated peak"} <= set(seen["headline detail"])
+    assert seen["headline detail"]["allocated at the reserved peak"] != seen["headline detail"]["allocated peak"]
+    # the total - free reading beside the nvidia-smi one, in the widget and the static HTML
+    assert {"total - free", "driver reserve", "peak device memory"} <= set(seen["widget text"])
+    assert {"total - free", "driver reserve"} <= set(seen["static html"])
+
+
+# A loop of two steps whose second step peaks higher: its forward runs on the optimizer's state
+LOOP = """
+import torch, torch.nn as nn
+model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(4)]).cuda()
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(2):
+    x = torch.randn(16384, 2048, device="cuda")
+    model(x).sum().backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+def test_the_first_steps_peak_is_shown_beside_the_steady_state_in_every_view():
+    """Issue #35 item 2: where the first step peaks >= 1% lower, the headline stays the steady
+    state's and one line gives both, with the same numbers in the widget, the static HTML, the
+    saved report, the CLI summary and the charts' text; a single step shows no such line."""
+    from xmem_jupyter.figures import STEADY_WHY, figures, steady_text
+    from xmem_jupyter.report import report_bundle
+    from xmem_jupyter.widget import XmemWidget
+
+    loop = estimate(LOOP, "T4", namespace={}, mode="fake")
+    first = loop.first_step_peak_device_bytes
+    assert loop.steps == 2 and first is not None and loop.peak_device_bytes - first > 0.05 * loop.peak_device_bytes
+    line = steady_text(loop)
+    assert line == (f"first-step peak {amount(first)}; peak device memory {amount(loop.peak_device_bytes)} over 2 "
+                    f"steps, the steady state: {STEADY_WHY}")
+    w = XmemWidget(loop)
+    bundle = report_bundle(loop, widget=w)
+    assert line in unescape(w.headline.value) and line in unescape(bundle["text/html"])
+    assert f"  {line}" in loop.summary().splitlines()
+    assert loop.headline.startswith(f"Peak {amount(loop.peak_device_bytes)}")  # the headline: the steady state
+    items = bundle[REPORT_MIME]["figures"]["items"]
+    assert items["first_step_peak"]["bytes"] == first == bundle[REPORT_MIME]["first_step_peak_device_bytes"]
+    # the timeline labels where the first step ends
+    step2 = loop.timeline.iterations[1]
+    assert w.charts.step_label is not None and w.charts.step_label.x == step2
+    assert w.charts.step_label.text == "step 2 of 2 starts"
+    assert f"step 2 of 2 starts at event {step2:,}" in w.chart_summary.value
+    # one step (the file's other case): no first-step line anywhere
+    single = estimate(FRAGMENTED, "T4", namespace={}, mode="fake")
+    assert steady_text(single) is None and "first_step_peak" not in figures(single)
+    assert "first-step peak" not in single.summary() and "first-step peak" not in XmemWidget(single).headline.value
+
+
+def test_fixed_memory_parts_say_which_are_measured_and_where_the_rest_come_from(est):
+    """Issue #37: the fixed memory's parts, folded under the charts and in the static HTML,
+    each marked measured on this GPU or from public sources, with its source."""
+    from xmem_jupyter.report import report_bundle
+    from xmem_jupyter.widget import XmemWidget
+
+    w = XmemWidget(est)
+    html = report_bundle(est, widget=w)["text/html"]
+    fm = est.fixed_memory
+    assert fm is not None and fm.parts
+    for view in (w.fixed_memory.value, html):
+        text = unescape(view)
+        assert "<details class='xmem-fixed'" in view
+        rows = re.findall(r"<tr class='xmem-fixed-part'>(.*?)</tr>", view)
+        assert len(rows) == len(fm.parts)
+        for p, r in zip(fm.parts, rows):
+            r = unescape(r)
+            assert p.what in r and amount(p.bytes) in r and (p.source or "no source given") in r
+            assert ("measured on this GPU" if p.measured else "from public sources") in r
+        assert f"{sum(p.measured for p in fm.parts)} of {len(fm.parts)} parts measured on this GPU" in text
+        if fm.driver_reserved is not None:
+            assert "xmem-fixed-reserve" in view
+    h100 = estimate(FRAGMENTED, "H100-SXM-80GB", namespace={}, mode="fake")
+    assert not any(p.measured for p in h100.fixed_memory.parts)  # no datacenter GPU measured yet (issue #37)
+    assert "0 of" in XmemWidget(h100).fixed_memory.value
 
 
 def test_the_saved_report_carries_the_flame_chart(est):

@@ -112,10 +112,12 @@ class Estimate:
 
     @property
     def headline_detail(self) -> str:
-        """What the peak is made of, one line under the headline."""
-        return (f"CUDA context {gib(self.context_bytes)} + libraries {gib(self.outside_allocator_bytes)} + "
-                f"allocator reserved {gib(self.peak_reserved_bytes)} "
-                f"(allocated {gib(self.peak_allocated_bytes)} at the peak)")
+        """The device peak's parts, named as xmem_jupyter/figures.py names them: which peak is which (#35)."""
+        tl, top, a = self.timeline, self.peak_reserved_bytes, self.peak_allocated_bytes
+        then = max((x for x, r in zip(tl.allocated, tl.reserved) if r == top), default=a)
+        return (f"CUDA context {gib(self.context_bytes)} + libraries {gib(self.outside_allocator_bytes)} + reserved "
+                f"peak {gib(top)}, the most the allocator holds (allocated at the reserved peak {gib(then)}: tensors "
+                "live then)" + ("" if then == a else f"; allocated peak {gib(a)}, at another moment"))
 
     @property
     def readings(self) -> Readings:  # the peak as nvidia-smi reads it, and as total - free (NVML v1) does
@@ -216,15 +218,19 @@ class Estimate:
         """A few readable lines (the CLI's default output)."""
         gib = 1 << 30
         lines = [self.headline, f"  {self.headline_detail}"]
-        if self.peak_range is not None:
-            lines.append(f"  {self.range_text}")
-        lines += [f"  {self.readings.describe()}"] + ([f"  {self.fixed_memory.describe()}"] if self.fixed_memory else [])
+        first = self.first_step_peak_device_bytes  # shown where it is >= 1% below the steady state's
+        if first is not None and self.peak_device_bytes - first >= 0.01 * self.peak_device_bytes:
+            lines.append(f"  first-step peak {first / gib:.2f} GiB; peak device memory "
+                         f"{self.peak_device_bytes / gib:.2f} GiB over {self.steps} steps, the steady state: later "
+                         "steps run on what the first left (the optimizer's state, gradients, the allocator's cache)")
+        lines += ([f"  {self.range_text}"] if self.peak_range is not None else []) + [f"  {self.readings.describe()}"]
+        lines += [f"  {self.fixed_memory.describe()}"] if self.fixed_memory else []
         if self.min_device_bytes is not None:
             lines.append(f"  runs in as little as {self.min_device_bytes / gib:.2f} GiB: under a tighter cap "
                          "the allocator frees its cache and retries, with no margin for variation")
         if self.breakdown:
             parts = ", ".join(f"{k} {v / gib:.2f}" for k, v in self.breakdown.items())
-            lines.append(f"  at the peak (GiB): {parts}")
+            lines.append(f"  at the allocated peak (GiB): {parts}")
         lines.append(f"  traced in {self.mode} mode, {self.n_events:,} events, {self.seconds:.1f} s")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)

@@ -82,6 +82,7 @@ class Charts:
     oom_label: Label
     peak_label: Label
     legend_items: dict[str, LegendItem]
+    step_label: Label | None = None  # "step 2 starts": where the first step ends (None: one step)
 
     def update_timeline(self, tl: TimelineData) -> None:
         """New allocated/reserved lines and limits (a GPU or allocator change)."""
@@ -166,13 +167,21 @@ def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
                            background_fill_alpha=0.85), "oom", label=True)
     for s in (peak_line, oom, oom_label):
         line.add_layout(s)
+    step_label = None
+    if len(tl.iterations) >= 2:  # the first step's end, where a loop's steady state begins
+        step_label = css(Label(x=tl.iterations[1], y=0, text=f"step 2 of {len(tl.iterations)} starts",
+                               text_color="#444", text_font_size="8pt", x_offset=3, y_offset=3,
+                               text_baseline="bottom", background_fill_color="white", background_fill_alpha=0.85),
+                         {"--bk-text-color": FG2, "--bk-background-fill-color": BG})
+        line.add_layout(step_label)
     _place_oom(oom, oom_label, tl)
     line.add_tools(HoverTool(tooltips=[("event", "@x"), ("allocated", "@allocated{0.00}"),
                                        ("reserved", "@reserved{0.00}")], mode="vline", renderers=[allocated]))
     for f in (flame, line):
         themed(f)
     layout = column(flame, line, sizing_mode="stretch_width", min_width=MIN_WIDTH, max_width=width)
-    return Charts(layout, src, lsrc, limits, peak_flame, peak_line, line, oom, oom_label, peak_label, items)
+    return Charts(layout, src, lsrc, limits, peak_flame, peak_line, line, oom, oom_label, peak_label, items,
+                  step_label)
 
 
 def legend_labels(tl: TimelineData) -> dict[str, str]:

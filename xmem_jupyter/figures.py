@@ -14,6 +14,11 @@ allocated peak less was reserved (``reserved_at_peak_bytes``) than at the reserv
 device bar splits the device peak exactly: context + libraries + the allocated peak + what
 the allocator reserves above the allocated peak (cached blocks and fragmentation). The
 breakdown (categories, modules, tensors) is what is live at the allocated peak.
+
+Two more readings of the device peak where they differ from it: the first training step's
+peak (a loop's later steps run with the optimizer's state and on the first step's cache; the
+headline is the steady state), and total - free as NVML v1 reads it (nvidia-smi's figure plus
+the driver's reserve: what schedulers compare with).
 """
 
 from __future__ import annotations
@@ -62,8 +67,62 @@ def figures(est: Estimate) -> dict[str, Figure]:
                "the most the tensors hold at once"),
         Figure("reserved_above", "reserved above the allocated peak", reserved_above,
                "reserved peak - allocated peak: cached blocks and fragmentation"),
+        Figure("allocated_at_reserved_peak", "allocated at the reserved peak", allocated_at_reserved_peak(est),
+               "the tensors live while the allocator holds its reserved peak"),
     ]
+    first = first_step_peak(est)
+    if first is not None:
+        out.append(Figure("first_step_peak", "first-step peak", first,
+                          "peak device memory before the second training step starts"))
+    r = est.readings
+    if r.total_minus_free_bytes is not None and r.driver_reserved_bytes is not None:
+        out += [Figure("total_minus_free", "total - free", r.total_minus_free_bytes,
+                       "the peak as NVML v1 reads it (pynvml's default, many schedulers): peak device memory + "
+                       "the driver's reserve"),
+                Figure("driver_reserve", "driver reserve", r.driver_reserved_bytes,
+                       "memory the driver keeps: total - free counts it, nvidia-smi's used does not")]
     return {f.key: f for f in out}
+
+
+def allocated_at_reserved_peak(est: Estimate) -> int:
+    """The most allocated while reserved memory is at its peak (``Estimate.headline_detail``'s
+    figure): the tensors that the reserved peak holds, not the allocated peak's."""
+    tl, top = est.timeline, est.peak_reserved_bytes
+    return max((a for a, r in zip(tl.allocated, tl.reserved) if r == top), default=est.peak_allocated_bytes)
+
+
+def first_step_peak(est: Estimate) -> int | None:
+    """The first training step's device peak where views show it: at least 1% below the
+    steady state's (the headline), else None (one step, or no difference worth a line)."""
+    first = est.first_step_peak_device_bytes
+    if first is None or est.peak_device_bytes - first < 0.01 * est.peak_device_bytes:
+        return None
+    return first
+
+
+#: why later steps peak higher than the first, in every view's words (``Estimate.summary`` too)
+STEADY_WHY = "later steps run on what the first left (the optimizer's state, gradients, the allocator's cache)"
+
+
+def steady_text(est: Estimate) -> str | None:
+    """The first step's peak beside the steady state's, or None where they do not differ."""
+    f = figures(est)
+    if "first_step_peak" not in f:
+        return None
+    return (f"{f['first_step_peak'].text}; {f['device_peak'].text} over {est.steps} steps, the steady state: "
+            f"{STEADY_WHY}")
+
+
+def readings_text(est: Estimate) -> str:
+    """The peak as nvidia-smi reads it and as total - free (NVML v1, what schedulers see) does."""
+    f = figures(est)
+    if "total_minus_free" not in f:
+        return (f"{f['device_peak'].text} as nvidia-smi reads it; total - free (NVML v1 used) not known: no driver "
+                "reserve is known for this GPU")
+    rng = est.readings.total_minus_free_range
+    within = f" (range {amount(rng[0])} - {amount(rng[1])})" if rng else ""
+    return (f"{f['total_minus_free'].text}{within} as NVML v1 reads it (pynvml's default, many schedulers) = "
+            f"{f['device_peak'].text} as nvidia-smi reads it + {f['driver_reserve'].text}")
 
 
 def device_split(est: Estimate) -> list[Figure]:
@@ -114,4 +173,6 @@ def chart_text(est: Estimate, flame=None) -> str:
             f"{f['capacity'].text}; {f['allocator_limit'].text}")
     if est.oom and est.oom_event is not None:
         text += f"; the run on this GPU runs out of memory at event {est.oom_event:,}"
+    if len(est.timeline.iterations) >= 2:
+        text += f"; step 2 of {est.steps} starts at event {est.timeline.iterations[1]:,} (dotted lines: each step)"
     return text + "."

@@ -16,7 +16,7 @@ from xmem_engine.estimate import REPORT_MIME, Estimate
 
 from xmem_jupyter.advice import advice_html
 
-from xmem_jupyter.figures import Figure, amount, device_split, report_figures, split_text
+from xmem_jupyter.figures import Figure, amount, device_split, readings_text, report_figures, split_text, steady_text
 from xmem_jupyter.flame import flame_report, human, source_labeler
 from xmem_jupyter.palette import CATEGORY_COLORS, DEVICE_COLORS, palette, stylesheet, var
 
@@ -27,21 +27,54 @@ STYLE = ("font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13
 def verdict_html(est: Estimate) -> str:
     """The headline (``Estimate.headline``, the words every view shows), a bar of what the
     device peak is made of against the GPU's capacity, and the same split in words: every
-    figure and its name from :func:`xmem_jupyter.figures.figures`."""
+    figure and its name from :func:`xmem_jupyter.figures.figures`; under it the first step's
+    peak where it differs from the steady state's, and the peak as total - free reads it."""
     colour = var("fits" if est.fits else "nofit")
     mark = "&#10004;" if est.fits else "&#10008;"
     bar = _bar([(f, DEVICE_COLORS[DEVICE_KEYS[f.key]]) for f in device_split(est)], est)
     band = (f"<div class='xmem-range'>{escape(est.range_text)}</div>" if est.range_text else "")
     oom = (f"<div class='xmem-oom' style='color:{var('nofit')}'>the simulated run runs out of memory before it "
            "finishes</div>" if est.oom else "")
+    steady = steady_text(est)
     return (
         f"<div class='xmem-headline' style='{STYLE}'>"
         f"<div style='font-size:16px' role='heading' aria-level='3'>"
         f"<b style='color:{colour}' class='xmem-verdict' aria-hidden='true'>{mark}</b> "
         f"<span class='xmem-headline-text' style='color:{colour}'>{escape(est.headline)}</span></div>"
         f"{bar}{band}{oom}"
-        f"<div class='xmem-split'>{escape(split_text(est))}</div></div>"
+        f"<div class='xmem-split'>{escape(split_text(est))}</div>"
+        + (f"<div class='xmem-steady'>{escape(steady)}</div>" if steady else "")
+        + f"<div class='xmem-readings' style='color:{var('fg2')}'>{escape(readings_text(est))}</div></div>"
     )
+
+
+def fixed_memory_html(est: Estimate) -> str:
+    """The fixed memory's parts (context, kernels, cuDNN, NCCL: what this step pays), folded:
+    each one's figure, whether it was measured on this GPU or comes from public sources (with
+    the range the estimate allows for it), and its source; the driver's reserve below them."""
+    fm = est.fixed_memory
+    if fm is None:
+        return ""
+    td = "<td style='padding:0 .5em;vertical-align:top'>"
+
+    def row(p, kind: str) -> str:
+        spread = "" if (p.low_bytes, p.high_bytes) == (p.bytes, p.bytes) else f"{amount(p.low_bytes)} - {amount(p.high_bytes)}"
+        return (f"<tr class='xmem-fixed-{kind}'>{td}{escape(p.what)}</td>{td}{amount(p.bytes)} ({p.bytes >> 20:,} MiB)"
+                f"</td>{td}{'measured on this GPU' if p.measured else 'from public sources'}</td>{td}{spread}</td>"
+                f"{td}<span style='overflow-wrap:anywhere'>{escape(p.source or 'no source given')}</span></td></tr>")
+
+    rows = "".join(row(p, "part") for p in fm.parts)
+    if fm.driver_reserved is not None:
+        rows += row(fm.driver_reserved, "reserve")
+    measured = sum(p.measured for p in fm.parts)
+    summary = (f"fixed memory {amount(fm.bytes)}: CUDA context and libraries outside the allocator; "
+               f"{measured} of {len(fm.parts)} parts measured on this GPU, "
+               + ("the rest from public sources" if measured < len(fm.parts) else "none from public sources alone"))
+    return (f"<details class='xmem-fixed' style='{STYLE}'><summary>{escape(summary)}</summary>"
+            f"<table><caption style='text-align:left'>what the process holds before and besides its tensors"
+            f"{' (the driver reserve: total - free counts it, nvidia-smi does not)' if fm.driver_reserved else ''}"
+            f"</caption><tr><th scope='col'>part</th><th scope='col'>amount</th><th scope='col'>figure</th>"
+            f"<th scope='col'>range allowed</th><th scope='col'>source</th></tr>{rows}</table></details>")
 
 
 #: the device bar's parts (figures.DEVICE_SPLIT) -> their colour in palette.DEVICE_COLORS
@@ -120,6 +153,7 @@ def summary_html(est: Estimate, others: Iterable[Estimate] = (), max_batch: dict
     # folded: under a live widget it repeats what the widget shows; a saved notebook opens it
     parts.append(f"<details style='{STYLE}'><summary>at the allocated peak: categories, modules, largest tensors</summary>"
                  f"{breakdown_html(est)}</details>")
+    parts.append(fixed_memory_html(est))
     notes = "".join(f"<li>{escape(n)}</li>" for n in est.notes)
     if notes:
         parts.append(f"<ul style='{STYLE}'>{notes}</ul>")

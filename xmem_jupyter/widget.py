@@ -1,9 +1,10 @@
 """The interactive result of ``%%xmem``: headline, breakdown, flame chart, timeline, controls.
 
 Layout (top to bottom): the headline (peak vs capacity, fits or not, headroom, the split into
-CUDA context / reserved / allocated); the controls (GPU, allocator toggle, batch slider,
+CUDA context / reserved / allocated, the first step's peak where it differs, the total - free
+reading); the controls (GPU, allocator toggle, batch slider,
 largest-batch readout); progress; the flame chart over the memory timeline (one Bokeh layout,
-x linked); the breakdown at the peak.
+x linked); the breakdown at the peak; the fixed memory's parts (folded).
 
 A GPU or allocator change re-simulates the existing trace (``estimate_trace``) and reaches
 the browser as Bokeh patches (milliseconds). A batch-size change re-traces (results cached per
@@ -42,7 +43,7 @@ from xmem_jupyter.flame import FlameData, build_flame, human
 from xmem_jupyter.progress import Progress, TracerProbe
 from xmem_jupyter.figures import amount, chart_text
 from xmem_jupyter.palette import stylesheet, var
-from xmem_jupyter.report import breakdown_html, compare_html, verdict_html
+from xmem_jupyter.report import breakdown_html, compare_html, fixed_memory_html, verdict_html
 from xmem_jupyter.session import Session, expandable_on, with_expandable
 from xmem_jupyter.timeline import build_timeline
 
@@ -143,6 +144,9 @@ class XmemWidget(widgets.VBox):
         self.advice_view.add_class("xmem-advice-view")
         self.advice_view.observe(self._on_advice_view, "value")
         self.breakdown = widgets.HTML(breakdown_html(est))
+        # the fixed memory's parts, folded: which were measured on this GPU, which come from public sources
+        self.fixed_memory = widgets.HTML(fixed_memory_html(est))
+        self.fixed_memory.add_class("xmem-fixed-memory")
         # the report as it stands, for the lab extension to save into the cell's output
         # (labextension/src/live.ts): a widget callback cannot update that output itself
         self.report_data = widgets.HTML(layout=widgets.Layout(display="none"))
@@ -193,7 +197,7 @@ class XmemWidget(widgets.VBox):
                           widgets.HBox([self.conf_note, self.largest, self.apply_button, self.least],
                                        layout=widgets.Layout(flex_flow="row wrap")),
                           self.progress, self.advice_panel, self.advice_view, self.chart_summary, self.bokeh,
-                          self.breakdown, self.notes, self.report_data], **kwargs)
+                          self.breakdown, self.fixed_memory, self.notes, self.report_data], **kwargs)
         self.add_class("xmem-widget")
         # ipywidgets writes a tooltip of None into its (hidden) label as title="null"
         for w in _descendants(self):
@@ -253,6 +257,7 @@ class XmemWidget(widgets.VBox):
                 self._schedule_refresh()
         self.headline.value = verdict_html(est)
         self.breakdown.value = breakdown_html(est)
+        self.fixed_memory.value = fixed_memory_html(est)
         self._refresh_text()
         self.last_switch.update_s = time.perf_counter() - t0
         if follow and self.on_change is not None:
