@@ -115,9 +115,9 @@ class Estimate:
         """The device peak's parts, named as xmem_jupyter/figures.py names them: which peak is which (#35)."""
         tl, top, a = self.timeline, self.peak_reserved_bytes, self.peak_allocated_bytes
         then = max((x for x, r in zip(tl.allocated, tl.reserved) if r == top), default=a)
-        return (f"CUDA context {gib(self.context_bytes)} + libraries {gib(self.outside_allocator_bytes)} + reserved "
-                f"peak {gib(top)}, the most the allocator holds (allocated at the reserved peak {gib(then)}: tensors "
-                "live then)" + ("" if then == a else f"; allocated peak {gib(a)}, at another moment"))
+        more = "" if then == a else f"; allocated peak {gib(a)}, at another moment"
+        return (f"CUDA context {gib(self.context_bytes)} + libraries {gib(self.outside_allocator_bytes)} + reserved peak "
+                f"{gib(top)} (allocated at the reserved peak {gib(then)}){more}")
 
     @property
     def readings(self) -> Readings:  # the peak as nvidia-smi reads it, and as total - free (NVML v1) does
@@ -228,11 +228,10 @@ class Estimate:
         if self.min_device_bytes is not None:
             lines.append(f"  runs in as little as {self.min_device_bytes / gib:.2f} GiB: under a tighter cap "
                          "the allocator frees its cache and retries, with no margin for variation")
-        if self.breakdown:
-            parts = ", ".join(f"{k} {v / gib:.2f}" for k, v in self.breakdown.items())
-            lines.append(f"  at the allocated peak (GiB): {parts}")
-        lines.append(f"  traced in {self.mode} mode, {self.n_events:,} events, {self.seconds:.1f} s")
-        lines.extend(f"  note: {n}" for n in self.notes)
+        parts = ", ".join(f"{k} {v / gib:.2f}" for k, v in self.breakdown.items())
+        lines += [f"  at the allocated peak (GiB): {parts}"] if self.breakdown else []
+        lines += [f"  traced in {self.mode} mode, {self.n_events:,} events, {self.seconds:.1f} s"]
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
