@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 #: the JSON (``advice.ranking``) all print it.
 RANKING = ("Ranked cheapest first by, in turn: whether the change alters what is trained (another optimizer or "
            "effective batch: last), extra compute as a % of a training step's FLOPs (checkpointing runs each "
-           "block's forward again in backward: about +33%), optimizer steps' micro-steps (accumulation xk runs k "
+           "block's forward again in backward: about +33%), micro-steps per optimizer step (accumulation xk runs k "
            "passes at 1/k of the batch: no extra FLOPs), a lower precision, then a slower implementation of the "
            "same FLOPs; the cheapest change that fits is the first in this order that fits.")
 
