@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import traceback
+import types
 
 import pytest
 
@@ -45,9 +46,13 @@ def test_iterations_keep_cell_line_numbers():
         exec(code, ns)
     frame = traceback.extract_tb(info.value.__traceback__)[-1]
     assert (frame.filename, frame.lineno, frame.line) == ("In[42]", 4, "raise ValueError(n)")
-    ns = {}
-    exec(compile_cell("\nn = ns_n = globals().get('ns_n', 0) + 1\n", "In[43]", iterations=3), ns)
-    assert ns["n"] == 3
+    frames = [f for f in traceback.extract_tb(info.value.__traceback__) if f.filename == "In[42]"]
+    assert [f.lineno for f in frames] == [4]  # the loop around the statements adds no line of its own
+    runs = types.SimpleNamespace(k=0)
+    ns = {"runs": runs}
+    exec(compile_cell("\nruns.k += 1\nn = ns_n = globals().get('ns_n', 0) + 1\n", "In[43]", iterations=3), ns)
+    assert runs.k == 3  # outside a trace the whole cell is the step: it ran 3 times
+    assert ns["n"] == ns["ns_n"] == 1  # plain values as one run leaves them: repeats measure, not train
 
 
 def test_progress_counts_and_hides():

@@ -32,6 +32,8 @@ from xmem_engine.gpus import GPU, get_gpu, load_catalog
 from xmem_engine.simulation.simulate import SimulationResult, simulate
 from xmem_engine.trace import ALLOC, Trace, TraceEvent
 
+from xmem_engine.batch_search import REAL_MODE_REACH, SEARCH_LIMIT, BatchSearch, max_batch  # noqa: F401 (API)
+
 if TYPE_CHECKING:
     from xmem_engine.tracing.distributed import World
 
@@ -89,6 +91,9 @@ class Estimate:
     world: dict | None = None
     rank_peaks: dict[int, int] | None = None  # --rank all: each rank's peak device bytes (this is the largest)
     fixed_memory: FixedMemory | None = None  # its parts on this GPU, sources, ranges, driver reserve
+    # A loop's first step alone (no optimizer state yet, a cold cache), simulated on its own as
+    # this GPU would run it; None for a single step. The headline is every step's peak.
+    first_step_peak_device_bytes: int | None = None
     trace: Trace | None = field(default=None, repr=False, compare=False)
     # What the simulation read: the GPU's catalog entry, and the trace's events as a CUDA
     # run on that GPU makes them (library workspaces added): the timeline's x axis.
@@ -118,6 +123,11 @@ class Estimate:
         more = "" if then == a else f"; allocated peak {gib(a)}, at another moment"
         return (f"CUDA context {gib(self.context_bytes)} + libraries {gib(self.outside_allocator_bytes)} + reserved peak "
                 f"{gib(top)} (allocated at the reserved peak {gib(then)}){more}")
+
+    @property
+    def steps(self) -> int:
+        """Training steps (iterations) the trace ran."""
+        return len(self.timeline.iterations)
 
     @property
     def readings(self) -> Readings:  # the peak as nvidia-smi reads it, and as total - free (NVML v1) does
@@ -172,6 +182,8 @@ class Estimate:
             "rank_peaks": {str(k): v for k, v in self.rank_peaks.items()} if self.rank_peaks else None,
             "headline_detail": self.headline_detail,
             "natural_peak_device_bytes": self.natural_peak_device_bytes,
+            "steps": self.steps,
+            "first_step_peak_device_bytes": self.first_step_peak_device_bytes,
             "peak_device_bytes_low": self.peak_range.low_bytes if self.peak_range else None,
             "peak_device_bytes_high": self.peak_range.high_bytes if self.peak_range else None,
             "range": self.range_text,
@@ -304,11 +316,15 @@ def estimate(
     filename: str = "<cell>",
     iterations: int | None = None,
     world: World | None = None,
+    steps: int | None = 1,
 ) -> Estimate:
     """Estimate the GPU memory ``code`` (source text or a callable) needs on ``gpu``.
 
     ``iterations``: stop the code once that many training iterations have run (the peak is
     normally reached by the second), so a long training loop costs two iterations.
+    ``steps``: for source text, run its training step this many times, the model and optimizer
+    built once (None: the steady state, as ``%%xmem`` does: a code that runs one step runs it
+    twice; 1: as written).
     ``world``: estimate one rank of a distributed run (``tracing.distributed.World``).
     """
     from xmem_engine.tracing import trace
@@ -318,7 +334,7 @@ def estimate(
     _check_target_torch(torch_version)
     t0 = time.perf_counter()
     tr = trace(code, namespace, mode=mode, device=target.properties(), filename=filename,
-               max_iterations=iterations, torch_version=torch_version, world=world)
+               max_iterations=iterations, torch_version=torch_version, world=world, steps=steps)
     return estimate_trace(tr, target, cfg, torch_version=torch_version, started=t0)
 
 
@@ -401,6 +417,18 @@ def estimate_trace(
         sim = simulate(events, allocator=CachingAllocator(cfg, capacity=None, device_total=target.total_memory_bytes))
         sim.oom = True
     peak_device = target.context_bytes + outside + sim.peak_reserved_bytes
+    first_step = None
+    if len(sim.iterations) >= 2:  # the first step as the GPU runs it: it may fit where the loop does not
+        head = events[:sim.iterations[1]]
+        alone = simulate(head, allocator=CachingAllocator(cfg, capacity=limit, device_total=target.total_memory_bytes))
+        if alone.oom:
+            alone = simulate(head, allocator=CachingAllocator(cfg, capacity=None, device_total=target.total_memory_bytes))
+        first_step = target.context_bytes + outside + alone.peak_reserved_bytes
+        grew = _last_step_growth(sim) if len(sim.iterations) >= 3 else 0  # step 2 grows by design
+        if grew >= 64 << 20:
+            oom_note.append(f"the allocator reserved {gib(grew)} more in step {len(sim.iterations)} than in the step "
+                            "before (its cache had not settled into the loop's pattern): a longer loop may peak "
+                            "higher; run more steps (-n) to see where it settles")
     fits = not sim.oom and peak_device <= target.total_memory_bytes
     natural = None
     if not sim.oom and sim.alloc_retries:
@@ -453,6 +481,7 @@ def estimate_trace(
         allocator_limit_bytes=limit,
         oom_event=oom_event,
         natural_peak_device_bytes=natural,
+        first_step_peak_device_bytes=first_step,
         peak_range=rng,
         world=dict(tr.meta["world"]) if tr.meta.get("world") else None,
         fixed_memory=fixed,
@@ -464,6 +493,16 @@ def estimate_trace(
 
 SDPA_CAVEAT = "scaled_dot_product_attention kept the backends"  # a note's start: see Estimate.backend_caveat
 NO_MODULE = "(outside any module)"  # inputs, the loss, the optimizer's own temporaries
+
+
+def _last_step_growth(sim: SimulationResult) -> int:
+    """How much higher reserved memory went in the last step than in the one before it: zero
+    once the cache has settled into the loop's pattern (the steady state). The second step
+    grows by design (the optimizer's state meets the activations), so compare from the third."""
+    prev, last = sim.iterations[-2], sim.iterations[-1]
+    before = [r for e, r in zip(sim.timeline_event, sim.timeline_reserved) if prev <= e < last]
+    during = [r for e, r in zip(sim.timeline_event, sim.timeline_reserved) if e >= last]
+    return max(0, max(during, default=0) - max(before, default=0))
 
 
 def _by_module(sim: SimulationResult, types: dict[str, str], top: int = 12) -> dict[str, int]:
@@ -491,112 +530,6 @@ def _timeline(sim: SimulationResult, events) -> Timeline:
             last = e.phase
     return Timeline(list(sim.timeline_event), list(sim.timeline_allocated), list(sim.timeline_reserved),
                     phases, list(sim.iterations))
-
-
-SEARCH_LIMIT = 1 << 40  # far above any GPU: a variable that still fits there does not bound memory
-REAL_MODE_REACH = 16  # a real-mode search goes at most this far above its start: real CPU tensors
-
-
-@dataclass
-class BatchSearch:
-    """The answer of :func:`max_batch`. Unpacks as ``(value, estimate)``.
-
-    ``value``: the largest value that fits (0: not even 1). When nothing above it was found
-    not to fit, ``unbounded`` says why: ``"independent"`` (the peak did not change over three
-    doublings: memory does not depend on the variable) or ``"limit"`` (the search stopped at
-    ``limit`` with the step still fitting); ``value`` is then a lower bound.
-    """
-
-    value: int
-    estimate: Any  # the Estimate at ``value`` (or at 1 when nothing fits)
-    unbounded: str = ""  # "", "independent" or "limit"
-    limit: int = SEARCH_LIMIT
-    tried: list[int] = field(default_factory=list)
-
-    def __iter__(self):
-        return iter((self.value, self.estimate))
-
-    def answer(self) -> str:
-        """The value as a reader should take it: "512", "at least 4096", or "any"."""
-        return {"limit": f"at least {self.value}", "independent": "any"}.get(self.unbounded, str(self.value))
-
-    def describe(self, variable: str, gpu_name: str) -> str:
-        """One sentence for the CLI and the widget."""
-        if self.unbounded == "independent":
-            vals = ", ".join(str(v) for v in sorted(self.tried)[-3:])
-            return (f"{variable} does not change the step's memory on {gpu_name} (the same peak at {vals}): "
-                    f"it fits at any {variable}")
-        if self.unbounded == "limit":
-            return (f"largest {variable} that fits on {gpu_name}: {self.answer()} "
-                    f"(the search stopped at its limit, {self.limit}, with the step still fitting)")
-        return f"largest {variable} that fits on {gpu_name}: {self.answer()}"
-
-
-def max_batch(
-    build: Callable[[int], Estimate],
-    *,
-    start: int = 1,
-    limit: int = SEARCH_LIMIT,
-    safe: bool = False,
-) -> BatchSearch:
-    """The largest value ``v`` in [1, limit] with ``build(v).fits`` (0 if not even 1 fits);
-    with ``safe``, with ``build(v).fits_safely``: the calibrated range's high end fits too.
-
-    Memory grows with the batch, so: from ``start`` double (or halve) until the answer is
-    bracketed, then bisect - about 2 log2(answer / start) estimates, each built once. A
-    variable the peak does not follow (three doublings, one peak) ends the search as
-    ``unbounded="independent"``; reaching ``limit`` still fitting, as ``unbounded="limit"``.
-    When the estimate at ``start`` was traced in real mode, every larger value holds real CPU
-    tensors: the search then goes no further than ``REAL_MODE_REACH`` times ``start``, so it
-    cannot exhaust the host's memory.
-    """
-    cache: dict[int, Estimate] = {}
-
-    def fits(v: int) -> bool:
-        if v not in cache:
-            cache[v] = build(v)
-        return cache[v].fits_safely if safe else cache[v].fits
-
-    def peak(v: int) -> Any:
-        return getattr(cache[v], "peak_allocated_bytes", None)
-
-    def result(v: int, unbounded: str = "") -> BatchSearch:
-        return BatchSearch(v, cache.get(v, cache.get(1)), unbounded, limit, sorted(cache))
-
-    v = max(1, min(start, limit))
-    if fits(v):
-        if getattr(cache[v], "mode", None) == "real":
-            limit = min(limit, v * REAL_MODE_REACH)
-        lo, hi = v, None
-        same = 0  # doublings in a row that left the peak where it was
-        while hi is None:
-            nxt = min(lo * 2, limit)
-            if nxt == lo:
-                return result(lo, "limit")
-            if fits(nxt):
-                same = same + 1 if peak(nxt) is not None and peak(nxt) == peak(lo) else 0
-                lo = nxt
-                if same >= 2:
-                    return result(lo, "independent")
-            else:
-                hi = nxt
-    else:
-        hi, lo = v, None
-        while lo is None:
-            if hi == 1:
-                return result(0)
-            nxt = hi // 2
-            if fits(nxt):
-                lo = nxt
-            else:
-                hi = nxt
-    while hi - lo > 1:  # lo fits, hi does not
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return result(lo)
 
 
 def _replay_inputs(est: Estimate, alloc_conf: str | AllocatorConfig | None) -> tuple[list, AllocatorConfig]:

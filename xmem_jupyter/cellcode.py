@@ -3,15 +3,17 @@
 The body of a ``%%xmem`` cell starts on the cell's second line, so one blank line is put in
 front: an error on line 4 of the cell is reported as line 4. The source is registered in
 ``linecache`` under a name like ``In[7]`` so that tracebacks show the user's lines and the
-flame chart's "line" reads ``In[7]:4``. ``--iterations N`` wraps the cell in a loop at the
-AST level, which keeps every line number (re-indenting the text would not).
+flame chart's "line" reads ``In[7]:4``. The cell runs as a loop over its statements
+(``xmem_engine/tracing/steady.py``: the training step repeated, the model built once), made at the AST level,
+which keeps every line number (re-indenting the text would not).
 """
 
 from __future__ import annotations
 
-import ast
 import linecache
 import types
+
+from xmem_engine.tracing.steady import steady_code
 
 
 def cell_filename(execution_count: int | None) -> str:
@@ -33,20 +35,9 @@ def register(source: str, filename: str) -> None:
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
 
 
-def compile_cell(source: str, filename: str, iterations: int = 1) -> types.CodeType:
-    """Compile ``source``; with ``iterations`` > 1, as ``for _ in range(iterations): <cell>``."""
+def compile_cell(source: str, filename: str, iterations: int | None = 1) -> types.CodeType:
+    """Compile ``source`` to run its training step ``iterations`` times
+    (``xmem_engine.tracing.steady``): 1 as written; None the steady state (a cell that runs
+    one step runs it twice, the model and optimizer built once); N the step N times."""
     register(source, filename)
-    if iterations <= 1:
-        return compile(source, filename, "exec", dont_inherit=True)
-    tree = ast.parse(source, filename)
-    if not tree.body:
-        return compile(source, filename, "exec", dont_inherit=True)
-    first = tree.body[0]
-    loop = ast.For(target=ast.Name("_xmem_iteration", ast.Store()),
-                   iter=ast.Call(ast.Name("range", ast.Load()), [ast.Constant(iterations)], []),
-                   body=tree.body, orelse=[])
-    ast.copy_location(loop, first)
-    loop.end_lineno, loop.end_col_offset = tree.body[-1].end_lineno, tree.body[-1].end_col_offset
-    module = ast.Module(body=[loop], type_ignores=[])
-    ast.fix_missing_locations(module)
-    return compile(module, filename, "exec", dont_inherit=True)
+    return steady_code(source, filename, iterations)

@@ -61,9 +61,10 @@ class XmemMagics(Magics):
     @argument("--batch-values", metavar="LIST|RANGE",
               help="slider values: 8,16,32 | 8:128 (powers of two) | 8:64:8 (step). Default: powers of "
                    "two from VAR/8 to VAR*8")
-    @argument("--iterations", "-n", type=int, default=1, metavar="N",
-              help="run the cell N times (a cell that is one training step: later runs see optimizer "
-                   "state and a warm allocator cache)")
+    @argument("--iterations", "-n", type=int, default=None, metavar="N",
+              help="run the cell's training step N times, the model and optimizer built once (later "
+                   "steps see the optimizer's state and a warm allocator cache). Default: the steady "
+                   "state, a cell that runs one step runs it twice; -n 1: the first step alone")
     @argument("--mode", choices=MODES, default=None,
               help="fake: shapes only (fast, no memory); real: real CPU tensors; auto (default): fake, "
                    "falling back to real when the code needs tensor values")
@@ -152,7 +153,7 @@ class XmemMagics(Magics):
         ns = self.shell.user_ns
         cfg = self.config_defaults
         gpus = self._gpus(args.gpu)
-        if args.iterations < 1:
+        if args.iterations is not None and args.iterations < 1:
             raise UsageError("--iterations must be at least 1")
         session = Session(source=source, namespace=ns, gpus=gpus, mode=args.mode or cfg.default_mode(),
                           alloc_conf=cfg.default_alloc_conf() if args.alloc_conf is None else args.alloc_conf,

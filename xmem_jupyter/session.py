@@ -47,7 +47,7 @@ class Session:
     batch_var: str | None = None
     batch_values: list[int] = field(default_factory=list)
     batch: int | None = None  # the batch size of the first trace
-    iterations: int = 1  # run the cell this many times
+    iterations: int | None = None  # runs of the training step; None: the steady state (tracing/steady.py)
     world: World | None = None  # one rank of a distributed run (--world-size / --rank)
     traces: dict[int | None, Trace] = field(default_factory=dict)
     estimates: dict[tuple, Estimate] = field(default_factory=dict)

@@ -60,12 +60,13 @@ from xmem_engine.tracing.patches import (
 from xmem_engine.tracing.bitsandbytes_shim import bitsandbytes_on_gpu
 from xmem_engine.tracing.checkpoints import kept_in_memory
 from xmem_engine.tracing.guesses import GUESS_HEADLINE, Guesses
+from xmem_engine.tracing.steady import bind as steady_bind, steady_code
 from xmem_engine.tracing.host_memory import ENV as HOST_ENV, HostBudget, HostMemoryExceeded, gib
 from xmem_engine.tracing.shadow_values import Shadows
 from xmem_engine.tracing.torch_compile import COMPILE_MODES, CompiledCalls
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.triton_launches import triton_launches
-from xmem_engine.tracing.user_state import UserState
+from xmem_engine.tracing.user_state import UserState, is_plain
 from xmem_engine.tracing.virtual_cuda import patched_cuda
 
 
@@ -83,6 +84,7 @@ def trace(
     torch_version: str | None = None,
     world: World | None = None,
     compile: str | None = None,
+    steps: int | None = 1,
 ) -> Trace:
     """Run ``code`` (a no-argument callable, or source text / a compiled code object executed
     in a copy of ``namespace``) as if on a CUDA GPU; return the trace of its GPU memory requests.
@@ -101,6 +103,9 @@ def trace(
     ``compile``: what ``torch.compile`` does in the code: "inductor" (compile for the target
     GPU, where this torch can: ``torch_compile.py``) or "eager" (run compiled code eagerly, to
     compare); None: ``$XMEM_COMPILE``, else "inductor".
+    ``steps``: for source text, how many times its training step runs (``steady.py``): 1 as
+    written; None the steady state (a code that runs one step runs it twice, the model and
+    optimizer built once); N the step N times.
     ``world``: the distributed rank to trace (``distributed.World``: world size, rank): the
     code sees torchrun's environment for it, and its ``init_process_group`` makes torch's
     fake process group of that size. Without it the environment is left alone, and a group
@@ -116,13 +121,16 @@ def trace(
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     if max_iterations is not None and max_iterations < 1:
         raise ValueError(f"max_iterations must be at least 1, not {max_iterations}")
+    if steps is not None and steps < 1:
+        raise ValueError(f"steps must be at least 1, not {steps}")
     if isinstance(code, str):
-        compiled = builtins.compile(code, filename, "exec", dont_inherit=True)
+        compiled = steady_code(code, filename, steps)
         if filename.startswith("<"):
             linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         code = compiled
     elif not isinstance(code, types.CodeType) and not callable(code):
         raise TypeError(f"code must be a callable or source text, not {type(code).__name__}")
+    setup = [*setup, steady_bind]  # a steady-state loop (steady_code, cellcode) reads the iterations
     compile = compile or os.environ.get("XMEM_COMPILE") or "inductor"
     if compile not in COMPILE_MODES:
         raise ValueError(f"compile must be one of {COMPILE_MODES}, not {compile!r}")
@@ -207,21 +215,6 @@ def _user_roots(code: Any, namespace: dict | None) -> list[Any]:
 
 MAX_GUESS_NOTES = 8  # guesses listed in the notes; the trace's meta has them all
 _NO = object()
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
-
-
-def _is_plain(v: Any, depth: int = 0) -> bool:
-    if type(v) in _PLAIN:
-        return True
-    if depth > 4:
-        return False
-    if type(v) in (list, tuple, set, frozenset):
-        return len(v) <= 100_000 and all(_is_plain(x, depth + 1) for x in v)
-    if type(v) is dict:
-        return len(v) <= 100_000 and all(_is_plain(k, depth + 1) and _is_plain(x, depth + 1) for k, x in v.items())
-    return False
-
-
 def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, device: dict | None,
                 setup: list[Callable[[Tracer], Any]], max_iterations: int | None, world: World | None,
                 budget: HostBudget | None = None) -> Trace:
@@ -275,7 +268,7 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
                 _classify_leftovers(tracer, scratch.values())
                 persist = {
                     k: v for k, v in scratch.items()
-                    if not k.startswith("__") and _is_plain(v) and (namespace is None or namespace.get(k, _NO) is not v)
+                    if not k.startswith("__") and is_plain(v) and (namespace is None or namespace.get(k, _NO) is not v)
                 }
                 scratch.clear()
                 scratch = None

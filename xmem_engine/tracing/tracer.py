@@ -256,6 +256,12 @@ class Tracer:
                     return self._seq_paths[i]
         return ""
 
+    @property
+    def trained(self) -> bool:
+        """The current iteration ran a backward pass or an optimizer step (a training step,
+        not only a forward): what a notebook's steady-state loop repeats (xmem_jupyter/steady.py)."""
+        return self._stepped or self._backward_done
+
     def set_phase(self, phase: Phase) -> None:
         if phase != self.phase:
             self.phase = phase

@@ -442,3 +442,20 @@ def _restore_environ(saved: dict[str, str]) -> None:
     for k, v in saved.items():
         if os.environ.get(k) != v:
             os.environ[k] = v
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def is_plain(v: Any, depth: int = 0) -> bool:
+    """A value the traced code may hand back to the caller's namespace: numbers, strings and
+    containers of them (no tensors, no modules)."""
+    if type(v) in _PLAIN:
+        return True
+    if depth > 4:
+        return False
+    if type(v) in (list, tuple, set, frozenset):
+        return len(v) <= 100_000 and all(is_plain(x, depth + 1) for x in v)
+    if type(v) is dict:
+        return len(v) <= 100_000 and all(is_plain(k, depth + 1) and is_plain(x, depth + 1) for k, x in v.items())
+    return False
