@@ -156,10 +156,12 @@ def split_text(est: Estimate) -> str:
 
 def report_figures(est: Estimate) -> dict:
     """The figures as the saved report carries them (``figures``): key -> name, bytes, about;
-    ``split`` lists the device bar's parts, ``text`` is :func:`split_text`."""
+    ``split`` lists the device bar's parts, ``text`` is :func:`split_text`, ``readings``
+    :func:`readings_text` and ``steady`` :func:`steady_text` ("" for one step)."""
     f = figures(est)
     return {"items": {k: {"name": v.name, "bytes": v.bytes, "about": v.about} for k, v in f.items()},
-            "split": list(DEVICE_SPLIT), "text": split_text(est)}
+            "split": list(DEVICE_SPLIT), "text": split_text(est),
+            "readings": readings_text(est), "steady": steady_text(est) or ""}
 
 
 def chart_text(est: Estimate, flame=None) -> str:

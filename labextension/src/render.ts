@@ -97,6 +97,10 @@ export interface Figures {
   split: string[];
   /** The device peak in words. */
   text: string;
+  /** The peak as nvidia-smi and as NVML v1's total - free read it ('' in older reports). */
+  readings: string;
+  /** The first step's peak beside the steady state's ('' for one step, or in older reports). */
+  steady: string;
 }
 
 /** The flame chart as the report carries it (xmem_jupyter/flame.py, `flame_report`). */
@@ -159,6 +163,8 @@ export function parseFigures(v: unknown, data: Record<string, number>): Figures 
   const items: Record<string, Figure> = {};
   let split: string[] = [];
   let text = '';
+  let readings = '';
+  let steady = '';
   if (isObject(v) && isObject(v.items)) {
     for (const [k, f] of Object.entries(v.items)) {
       if (isObject(f) && isNum(f.bytes)) {
@@ -169,6 +175,8 @@ export function parseFigures(v: unknown, data: Record<string, number>): Figures 
       split = v.split.map(x => str(x)).filter(k => k in items);
     }
     text = str(v.text);
+    readings = str(v.readings);
+    steady = str(v.steady);
   }
   if (!split.length) {
     const reservedAbove = Math.max(0, data.peak_reserved_bytes - data.peak_allocated_bytes);
@@ -197,7 +205,7 @@ export function parseFigures(v: unknown, data: Record<string, number>): Figures 
     text = `${t('device_peak')} = ${t('context')} + ${t('libraries')} + ${t('reserved_peak')} ` +
       `(${t('allocated_peak')} + ${t('reserved_above')}: cached blocks and fragmentation)`;
   }
-  return { items, split, text };
+  return { items, split, text, readings, steady };
 }
 
 function parseFlame(v: unknown): ReportFlame | null {
@@ -1083,6 +1091,12 @@ export function renderReport(data: unknown, doc: Document): HTMLElement {
     headline.appendChild(el(doc, 'span', 'xmem-headline-text', headlineText(r)));
     root.appendChild(headline);
     root.appendChild(el(doc, 'div', 'xmem-split', splitText(r)));
+    if (r.figures.steady) {
+      root.appendChild(el(doc, 'div', 'xmem-steady', r.figures.steady));
+    }
+    if (r.figures.readings) {
+      root.appendChild(el(doc, 'div', 'xmem-readings', r.figures.readings));
+    }
     if (r.range) {
       root.appendChild(el(doc, 'div', 'xmem-range', r.range));
     }

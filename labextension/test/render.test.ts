@@ -441,7 +441,9 @@ describe('one set of figures, the flame chart, labels that do not overlap', () =
       reserved_above: { name: 'reserved above the allocated peak', bytes: 0.75 * GiB, about: 'cache' }
     },
     split: ['context', 'libraries', 'allocated_peak', 'reserved_above'],
-    text: 'peak device memory 3.00 GiB = ...'
+    text: 'peak device memory 3.00 GiB = ...',
+    readings: 'total - free 3.47 GiB as NVML v1 reads it = peak device memory 3.00 GiB as nvidia-smi reads it + driver reserve 0.47 GiB',
+    steady: 'first-step peak 2.50 GiB; peak device memory 3.00 GiB over 2 steps, the steady state'
   };
   const flame = {
     unit: 'MiB', scale: 1048576, x_end: 40, n_tensors: 3, categories: ['parameter', 'activation', 'temporary'],
@@ -457,6 +459,8 @@ describe('one set of figures, the flame chart, labels that do not overlap', () =
       'allocated peak 1.50 GiB: the most the tensors hold', 'reserved above the allocated peak 0.75 GiB: cache'
     ]);
     assert.equal(node.querySelector('.xmem-split')!.textContent, 'peak device memory 3.00 GiB = ...');
+    assert.equal(node.querySelector('.xmem-steady')!.textContent, figures.steady);
+    assert.equal(node.querySelector('.xmem-readings')!.textContent, figures.readings);
     const labels = Array.from(node.querySelectorAll('svg.xmem-timeline-chart .xmem-peak-label')).map(t => t.textContent);
     assert.deepEqual(labels, ['allocated peak 1.50 GiB', 'reserved peak 2.25 GiB']);
   });
