@@ -1,6 +1,8 @@
 """Real browser (JupyterLab + Chromium + Playwright): the notebook in a classroom (issue #35).
 
 1. What twenty ``%%xmem`` cells in a row print all shows, each in its own cell.
+2. A cell with one training step is estimated as the training loop (the step twice): the widget
+   and, after a restart, the saved report show the first step's peak beside the steady state's.
 4. One set of numbers: the widget's text, its bar's tooltips and its charts' labels, then the
    saved report after the kernel is gone, show each named figure with the number a cell
    prints from the same estimate (``xmem_jupyter.figures``).
@@ -51,7 +53,18 @@ batch = 80  # does not fit a T4
 x = torch.randn(batch, 4096, 4096, device="cuda", requires_grad=True)
 (x * 2).relu().sum().backward()"""
 LEVERS = "from xmem_jupyter.advice import lever_timelines\nlever_timelines(advised)"
-CELLS = ["%load_ext xmem_jupyter", "import torch", STEP, FIGURES, NOFIT, ADVISE, LEVERS]
+# 2. one training step, activations large beside AdamW's state: the loop's second step peaks higher
+STEADY = """%%xmem --gpu A100-SXM4-40GB -o steady
+import torch.nn as nn
+model = nn.Sequential(nn.Linear(4096, 16384), nn.ReLU(), nn.Linear(16384, 4096)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+x = torch.randn(16384, 4096, device="cuda")
+model(x).square().mean().backward()
+opt.step()
+opt.zero_grad()"""
+STEADY_TRUTH = """from xmem_engine.estimate import gib
+print("STEADY", steady.steps, gib(steady.first_step_peak_device_bytes), gib(steady.peak_device_bytes))"""
+CELLS = ["%load_ext xmem_jupyter", "import torch", STEP, FIGURES, NOFIT, ADVISE, LEVERS, STEADY, STEADY_TRUTH]
 PRINTS = ["%load_ext xmem_jupyter", "import torch"] + [
     f'%%xmem --gpu T4\nprint("start {i}")\nx = torch.ones(64, device="cuda")\nprint("end {i}")' for i in range(20)]
 
@@ -166,6 +179,32 @@ def test_prints_of_twenty_xmem_cells_in_a_row_all_show(lab, browser):
         if any(f"{w} {i}" not in t for w in ("start", "end") for t in (kept, shown)):
             missing.append((i, kept[:100], shown[:100]))
     assert not missing, missing
+
+
+# ---------------------------------------------------------------------------------------- 2
+def test_one_step_is_estimated_as_the_loop_in_the_widget_and_the_saved_report(lab, browser):
+    page = browser.new_page(viewport={"width": 1280, "height": 1400})
+    try:
+        open_and_run(page, lab, "classroom.ipynb")
+        truth = stream_text(page, len(CELLS) - 1).split("STEADY ", 1)[1].split()  # "2 4.85 GiB 5.85 GiB"
+        steps, first, peak = truth[0], " ".join(truth[1:3]), " ".join(truth[3:5])
+        assert steps == "2" and first != peak
+        line = f"first-step peak {first}; peak device memory {peak} over 2 steps, the steady state"
+        cell = page.locator(f"{PANEL} .jp-Cell").nth(len(CELLS) - 2)
+        cell.scroll_into_view_if_needed()
+        widget = cell.locator(".xmem-widget").first
+        widget.wait_for(timeout=60_000)
+        assert line in widget.inner_text().replace("\xa0", " ")
+        restart_kernel(page)
+        cell.scroll_into_view_if_needed()
+        report = cell.locator(".jp-RenderedXmemReport").first
+        report.wait_for(timeout=60_000)
+        assert peak in report.locator(".xmem-headline-text").first.inner_text()
+        assert line in report.locator(".xmem-steady").inner_text().replace("\xa0", " ")
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "classroom_steady_failure.png"), full_page=True)
+        raise
 
 
 # ---------------------------------------------------------------------------------------- 4

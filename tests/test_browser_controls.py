@@ -101,7 +101,7 @@ def test_controls_lines_and_limits_in_jupyterlab(lab):
             widget.locator(".xmem-charts canvas").first.wait_for(timeout=60_000)
 
             # 1. cell numbers: the tensor table, the flame chart's hover, the traceback
-            lines = widget.locator("table").last.inner_text()
+            lines = widget.locator("table", has_text="Largest tensors live").inner_text()
             assert f"In[{n3}]:" in lines, lines[:1500]
             tips = page.evaluate(BOKEH_TEXTS_JS)
             assert any(f"In[{n3}]:" in t for t in tips), tips[:5]
