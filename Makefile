@@ -61,7 +61,7 @@ finetune-setup:
 
 # The fine-tuning stack's tests (they skip where a library is missing; here none is).
 test-finetune: finetune-setup
-	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider tests/test_finetune_*.py
+	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider tests/test_finetune_*.py tests/test_compile_toggle.py
 
 # The fine-tuning zoo (benchmarks/zoo/finetune/): every script estimated under an 8 GiB cap.
 zoo-finetune: finetune-setup

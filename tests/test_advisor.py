@@ -138,7 +138,8 @@ def test_a_transformers_model_is_checkpointed_its_own_way(tmp_path):
     assert ckpt.applicable and not ckpt.error, ckpt
     assert ckpt.change.startswith("model.gradient_checkpointing_enable(")
     assert ckpt.peak_device_bytes < 0.7 * advice.baseline.peak_device_bytes
-    assert json.loads(json.dumps(advice.to_json()))["levers"][6]["change"] == ckpt.change
+    row = advice.levers.index(ckpt)
+    assert json.loads(json.dumps(advice.to_json()))["levers"][row]["change"] == ckpt.change
 
 
 def test_a_warning_of_the_script_is_shown_once_not_once_per_lever(tmp_path):
@@ -236,3 +237,17 @@ def test_the_cheapest_change_that_fits_is_accumulation_when_checkpointing_fits_t
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads((Path(__file__).resolve().parents[1] / "xmem_engine" / "data" / "report.schema.json").read_text())
     jsonschema.validate(data, schema["properties"]["advice"])
+
+
+def test_the_compile_lever_says_why_it_is_not_tried_where_inductor_cannot_compile(tmp_path):
+    from xmem_engine.tracing.torch_compile import compile_unavailable
+
+    reason = compile_unavailable()
+    if reason is None:
+        pytest.skip("Inductor compiles here: tests/test_torch_compile.py measures the lever")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(64, 64).cuda()\n"
+                      "model(torch.randn(8, 64, device='cuda')).sum().backward()\n")
+    lever = next(m for m in advise(str(script), GPU).levers if m.lever.name == "torch.compile")
+    assert not lever.applicable and lever.detail == f"Inductor cannot compile for CUDA here: {reason}"
+    assert lever.to_json()["peak_device_bytes"] is None

@@ -121,7 +121,8 @@ def test_a_compiled_transformer_allocates_as_inductors_output_code_says():
     # elementwise op (eager code allocates each GELU's and each residual add's output)
     eager_ops = [op for _, op in _allocs(eager, 1, "forward")]
     assert len(fwd) < len(eager_ops) and "aten.gelu.default" in eager_ops and "aten.add.Tensor" in eager_ops
-    assert "compile" not in eager.meta
+    assert eager.meta["compile"]["graphs"] == 0 and eager.meta["compile"]["comparable"]
+    assert compiled.meta["compile"]["comparable"] and not compiled.meta["compile"]["eager"]
     assert any("ran eagerly (asked: --compile eager)" in n for n in eager.meta["notes"])
 
 
@@ -194,3 +195,67 @@ def test_a_library_that_wraps_torch_compile_and_copies_its_arguments_still_compi
         torch.compile = real
     assert tr.meta["compile"]["graphs"] == 1 and tr.meta["compile"]["failures"] == 0
     assert tr.meta["compile"]["backward_graphs"] == 1
+
+
+DYNAMO_OPTIMIZE = """
+import torch, torch.nn as nn, torch._dynamo
+model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda()
+@torch._dynamo.optimize("inductor")
+def step(x):
+    return model(x).square().mean()
+x = torch.randn(512, 256, device="cuda")
+step(x).backward()
+"""
+
+
+def test_dynamo_optimize_compiles_as_torch_compile_does():
+    """``torch._dynamo.optimize``, the older spelling (``torch.compile`` calls it itself, which
+    must stay Dynamo's own: it recursed before)."""
+    tr = trace(DYNAMO_OPTIMIZE, {}, mode="fake", device=H100)
+    assert tr.meta["compile"]["graphs"] == 1 and tr.meta["compile"]["backward_graphs"] == 1
+    assert tr.meta["compile"]["where"] == ["<cell>:4"]
+    forward, backward = (_buffers(p) for p in tr.meta["compile"]["wrappers"])
+    got = [tuple(e.shape) for e in tr.events if e.kind == "alloc" and e.op == "aten.empty_strided.default"]
+    assert got == forward + backward
+
+
+FUSABLE = """
+import torch, torch.nn as nn, torch.nn.functional as F
+class MLP(nn.Module):
+    def __init__(s):
+        super().__init__(); s.l1 = nn.Linear(1024, 4096); s.l2 = nn.Linear(4096, 1024)
+    def forward(s, x):
+        return s.l2(F.gelu(s.l1(x)) * 2 + 1)
+batch_size = 4096
+model = MLP().cuda()
+opt = torch.optim.AdamW(model.parameters())
+for i in range(2):
+    x = torch.randn(batch_size, 1024, device="cuda")
+    model(x).square().mean().backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+def test_the_advisor_measures_compiling_the_model(tmp_path):
+    """The "torch.compile" lever compiles the outermost model for the target GPU: the pointwise
+    chain after ``l1`` (gelu, *2, +1) is one fused kernel, so eager's intermediates never exist;
+    a step that compiles already is not compiled again."""
+    from xmem_engine.advisor import advise
+
+    script = tmp_path / "train.py"
+    script.write_text(FUSABLE)
+    advice = advise(str(script), "H100-SXM-80GB", mode="fake")
+    lever = next(m for m in advice.levers if m.lever.name == "torch.compile")
+    assert lever.applicable and not lever.error, lever
+    assert lever.change == "model = torch.compile(model)"
+    compiled = lever.estimate.trace.meta["compile"]
+    assert compiled["graphs"] == 1 and compiled["backward_graphs"] == 1
+    assert lever.peak_device_bytes < advice.baseline.peak_device_bytes
+    eager_ops = {e.op for e in advice.baseline.trace.events if e.kind == "alloc"}
+    assert "aten.gelu.default" in eager_ops
+    assert "aten.gelu.default" not in {e.op for e in lever.estimate.trace.events if e.kind == "alloc"}
+
+    script.write_text(FUSABLE.replace("model = MLP().cuda()", "model = torch.compile(MLP().cuda())"))
+    again = advise(str(script), "H100-SXM-80GB", mode="fake")
+    lever = next(m for m in again.levers if m.lever.name == "torch.compile")
+    assert not lever.applicable and lever.detail == "the step is compiled already"

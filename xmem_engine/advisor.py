@@ -6,7 +6,9 @@ Each lever is applied without editing the script, then the step is estimated aga
   the same trace;
 - code changes re-trace the script with the change patched in for the run: autocast around the
   model's outermost forward, activation checkpointing of its repeated blocks, the optimizer's
-  implementation (for-loop or fused), AdamW swapped for Adafactor, ``zero_grad(set_to_none=True)``;
+  implementation (for-loop or fused), AdamW swapped for Adafactor, ``zero_grad(set_to_none=True)``,
+  ``torch.compile`` of the model (Inductor for the target GPU: fused kernels, the partitioner's
+  saved activations; not tried where the step compiles already or this torch cannot compile);
 - a smaller micro-batch with gradient accumulation (same effective batch: the micro-batch is
   traced with the earlier micro-batches' gradients present), or a smaller batch, re-trace the
   script with its batch variable set (``--set`` semantics). One micro-batch is traced: the
@@ -34,6 +36,7 @@ from xmem_engine.advisor_cost import RANKING, Cost
 from xmem_engine.estimate import Estimate, estimate_trace, max_batch, resolve_gpu
 from xmem_engine.gpus import GPU
 from xmem_engine.tracing.patches import patched_attr
+from xmem_engine.tracing.torch_compile import why_not_compiled
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,21 @@ def autocast_patch(gpu: GPU) -> Iterator[None]:
             yield
     finally:
         close()
+
+
+@contextlib.contextmanager
+def compile_patch(gpu: GPU) -> Iterator[None]:
+    """``model = torch.compile(model)``: each outermost module call goes through its compiled
+    form (Inductor for the target GPU, ``tracing/torch_compile.py``), compiled once per module."""
+    compiled: dict[int, tuple[torch.nn.Module, Any]] = {}  # the module is kept: its id stays its own
+
+    def wrap(module: torch.nn.Module, call: Callable, args: tuple, kwargs: dict) -> Any:
+        if id(module) not in compiled:
+            compiled[id(module)] = (module, torch.compile(module))
+        return compiled[id(module)][1](*args, **kwargs)
+
+    with _outermost(wrap):
+        yield
 
 
 def _half(gpu: GPU) -> torch.dtype:
@@ -414,6 +432,8 @@ def levers(gpu: GPU, batch_var: str | None) -> list[Lever]:
               Cost(), patch=set_to_none_patch),
         Lever("fused optimizer", "torch.optim.AdamW(params, ..., fused=True)", Cost(note="usually faster"),
               patch=fused_patch),
+        Lever("torch.compile", "model = torch.compile(model)", Cost(note="compiles before the first step; usually "
+              "faster"), patch=compile_patch),
         Lever("for-loop optimizer", "torch.optim.AdamW(params, ..., foreach=False)",
               Cost(slower="one kernel per parameter in the optimizer step"), patch=for_loop_patch),
         Lever("garbage-collection threshold", "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6",
@@ -557,6 +577,10 @@ def _measure(run: Runner, target: GPU, *, batch_var: str | None = None, batch: i
                     continue
                 est = search.estimate
                 m.detail = f"{batch_var} = {search.answer()}"
+            elif lv.patch is compile_patch and why_not_compiled(base.trace.meta):
+                m.applicable, m.detail = False, str(why_not_compiled(base.trace.meta))
+                advice.levers.append(m)
+                continue
             else:
                 est, info = run([lv], None, alloc_conf)
                 m.how = info.get("change", "")

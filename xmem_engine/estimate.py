@@ -317,6 +317,7 @@ def estimate(
     iterations: int | None = None,
     world: World | None = None,
     steps: int | None = 1,
+    compile: str | None = None,
 ) -> Estimate:
     """Estimate the GPU memory ``code`` (source text or a callable) needs on ``gpu``.
 
@@ -326,6 +327,8 @@ def estimate(
     built once (None: the steady state, as ``%%xmem`` does: a code that runs one step runs it
     twice; 1: as written).
     ``world``: estimate one rank of a distributed run (``tracing.distributed.World``).
+    ``compile``: "inductor" (``torch.compile`` compiles for the GPU), "eager" (compiled code
+    runs eagerly, to see what compiling saves); None: ``$XMEM_COMPILE``, else "inductor".
     """
     from xmem_engine.tracing import trace
 
@@ -334,7 +337,7 @@ def estimate(
     _check_target_torch(torch_version)
     t0 = time.perf_counter()
     tr = trace(code, namespace, mode=mode, device=target.properties(), filename=filename,
-               max_iterations=iterations, torch_version=torch_version, world=world, steps=steps)
+               max_iterations=iterations, torch_version=torch_version, world=world, steps=steps, compile=compile)
     return estimate_trace(tr, target, cfg, torch_version=torch_version, started=t0)
 
 

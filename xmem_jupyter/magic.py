@@ -70,6 +70,10 @@ class XmemMagics(Magics):
                    "falling back to real when the code needs tensor values")
     @argument("--alloc-conf", metavar="STR", default=None,
               help="PYTORCH_CUDA_ALLOC_CONF of the target run, e.g. 'expandable_segments:True'")
+    @argument("--compile", choices=("inductor", "eager"), default=None,
+              help="torch.compile in the cell: inductor (default: compiled for the target GPU by Inductor, "
+                   "on the CPU; needs a CUDA build of torch with Triton) or eager (compiled code runs "
+                   "eagerly, to see what compiling saves; the widget has a toggle)")
     @argument("-o", "--output", metavar="NAME",
               help="store the Estimate object in this variable (with --advise: the Advice, whose .baseline "
                    "is the Estimate and .levers each change's)")
@@ -157,7 +161,8 @@ class XmemMagics(Magics):
             raise UsageError("--iterations must be at least 1")
         session = Session(source=source, namespace=ns, gpus=gpus, mode=args.mode or cfg.default_mode(),
                           alloc_conf=cfg.default_alloc_conf() if args.alloc_conf is None else args.alloc_conf,
-                          filename=cell_filename(running_cell_number(self.shell)), iterations=args.iterations)
+                          filename=cell_filename(running_cell_number(self.shell)), iterations=args.iterations,
+                          compile=args.compile)
         try:
             from xmem_engine.simulation.alloc_conf import parse_alloc_conf, require_native
 
@@ -257,8 +262,9 @@ class XmemMagics(Magics):
                          display_id=True)
 
         def follow(new_est) -> None:
-            rest = [session.estimate(widget.batch, g, widget.conf) for g in gpus if g != new_est.gpu]
-            found = {g: b for (g, c), b in session.largest.items() if c == widget.conf}
+            shown = widget.session  # the compile toggle shows another Session of the cell
+            rest = [shown.estimate(widget.batch, g, widget.conf) for g in gpus if g != new_est.gpu]
+            found = {g: b for (g, c), b in shown.largest.items() if c == widget.conf}
             bundle = report_bundle(new_est, rest, found, widget=widget, advice=widget.current_advice())
             result.update(bundle, raw=True)  # front ends that route a callback's display updates
             widget.carry_report(bundle)  # JupyterLab: through the view (labextension/src/live.ts)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from xmem_engine.simulation.alloc_conf import parse_alloc_conf
@@ -49,6 +49,7 @@ class Session:
     batch: int | None = None  # the batch size of the first trace
     iterations: int | None = None  # runs of the training step; None: the steady state (tracing/steady.py)
     world: World | None = None  # one rank of a distributed run (--world-size / --rank)
+    compile: str | None = None  # torch.compile: "inductor" (None: as the cell asks) or "eager" (--compile)
     traces: dict[int | None, Trace] = field(default_factory=dict)
     estimates: dict[tuple, Estimate] = field(default_factory=dict)
     searches: dict[tuple[str, str], BatchSearch] = field(default_factory=dict)  # (gpu, conf) -> the search
@@ -85,7 +86,14 @@ class Session:
         target = resolve_gpu(gpu or self.gpus[0])
         code = compile_cell(source, self.filename, self.iterations)
         return trace(code, ns, mode=self.mode, device=target.properties(), filename=self.filename, setup=setup,
-                     world=self.world)
+                     world=self.world, compile=self.compile)
+
+    def with_compile(self, compile: str) -> "Session":
+        """The same cell with ``torch.compile`` doing ``compile`` ("eager": compiled code runs
+        eagerly), its own traces and estimates; it traces in a copy of the namespace, so the
+        widget's compile toggle never changes the user's variables."""
+        return replace(self, compile=compile, namespace=dict(self.namespace), traces={}, estimates={},
+                       searches={}, lock=threading.RLock())
 
     def estimate(self, batch: int | None, gpu: str, conf: str | None = None,
                  setup: tuple[Callable, ...] = ()) -> Estimate:

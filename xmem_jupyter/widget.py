@@ -114,6 +114,17 @@ class XmemWidget(widgets.VBox):
                                                tooltip="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (a toggle)",
                                                icon="arrows-v", layout=widgets.Layout(width="14em"))
         self.conf_note = widgets.HTML()
+        # torch.compile on or off: shown where the cell compiles (its trace says so), each mode a
+        # Session of its own, so switching back is a lookup (compile time is paid once per mode)
+        compiles = bool((est.trace.meta.get("compile") or {}).get("comparable"))
+        self.compile_toggle = widgets.ToggleButton(
+            value=(session.compile if session else None) != "eager", description="torch.compile",
+            icon="bolt", layout=widgets.Layout(width="12em", display=None if compiles and session else "none"),
+            tooltip="the cell's torch.compile: on, compiled for this GPU by Inductor; off, the same code eager")
+        self.compile_toggle.add_class("xmem-compile")
+        self.compile_note = widgets.HTML()
+        self.compile_note.add_class("xmem-compile-note")
+        self._modes: dict[str, tuple] = {}  # compile mode -> (session, estimates, least, advice) not shown
         self.largest = widgets.HTML()
         self.find_button = widgets.Button(description="largest batch that fits", icon="search",
                                           tooltip="search the largest batch size that fits this GPU",
@@ -153,7 +164,7 @@ class XmemWidget(widgets.VBox):
         self.report_data.add_class("xmem-report-data")
         self.notes = widgets.HTML()
 
-        controls = [self.gpu_dropdown, self.expandable, self.least_button]
+        controls = [self.gpu_dropdown, self.expandable, self.compile_toggle, self.least_button]
         self.least_button.on_click(self._on_least)
         self.batch_slider: widgets.SelectionSlider | None = None
         self.batch_entry: widgets.Text | None = None
@@ -191,10 +202,11 @@ class XmemWidget(widgets.VBox):
 
         self.gpu_dropdown.observe(self._on_gpu, "value")
         self.expandable.observe(self._on_conf, "value")
+        self.compile_toggle.observe(self._on_compile, "value")
         self._refresh_text()
         super().__init__([bokeh_loader(), self.style, self.headline, self.compare,
                           widgets.HBox(controls, layout=widgets.Layout(flex_flow="row wrap")), self.batch_error,
-                          widgets.HBox([self.conf_note, self.largest, self.apply_button, self.least],
+                          widgets.HBox([self.conf_note, self.compile_note, self.largest, self.apply_button, self.least],
                                        layout=widgets.Layout(flex_flow="row wrap")),
                           self.progress, self.advice_panel, self.advice_view, self.chart_summary, self.bokeh,
                           self.breakdown, self.fixed_memory, self.notes, self.report_data], **kwargs)
@@ -304,6 +316,8 @@ class XmemWidget(widgets.VBox):
             f"&nbsp; runs in as little as <b class='xmem-least'>{amount(least)}</b> on {escape(est.gpu_name)} "
             f"(peak {amount(est.peak_device_bytes)}; no margin for variation)")
         self._refresh_advice()
+        if self._modes:
+            self._note_compile()
         notes = list(est.notes) + list(self.flame.notes)
         self.notes.value = "".join(f"<div style='color:{var('fg2')};font-size:12px'>{escape(n)}</div>" for n in notes)
         self.chart_summary.value = (f"<div class='xmem-chart-text' style='color:{var('fg2')};font-size:12px'>"
@@ -331,6 +345,41 @@ class XmemWidget(widgets.VBox):
         word = "saves" if saved >= 0 else "costs"
         self.conf_note.value = (f"expandable segments {word} <b class='xmem-saves'>{human(abs(saved))}</b> "
                                 f"(peak {amount(on.peak_device_bytes)} with, {amount(off.peak_device_bytes)} without)")
+
+    def _on_compile(self, change) -> None:
+        """The cell traced again with ``torch.compile`` on (Inductor, for the GPU) or off (eager),
+        in a Session of its own (a copy of the namespace); then what compiling saves."""
+        assert self.session is not None
+        mode = "inductor" if change["new"] else "eager"
+        current = self.session.compile or "inductor"
+        if mode == current:
+            return
+        self._modes[current] = (self.session, self._cache, self._least, self.advice)
+        session, cache, least, advice = self._modes.pop(mode, None) or (self.session.with_compile(mode), {}, {}, {})
+        self.session, self._cache, self._least, self.advice = session, cache, least, advice
+        probe = TracerProbe()
+
+        def work() -> Estimate:
+            self.session.trace(self.batch, (probe.setup,))
+            return self._estimate(self.batch, self.est.gpu, self.conf)
+
+        self._background(f"tracing with torch.compile {'on' if change['new'] else 'off'}:", work, probe)
+
+    def _note_compile(self) -> None:
+        """What compiling saves on this GPU, where both modes are traced for this batch."""
+        assert self.session is not None
+        mode = self.session.compile or "inductor"
+        other = self._modes.get("eager" if mode == "inductor" else "inductor")
+        if other is None or self.batch not in other[0].traces:
+            self.compile_note.value = ""
+            return
+        ests = {mode: self._estimate(self.batch, self.est.gpu, self.conf),
+                "eager" if mode == "inductor" else "inductor": other[0].estimate(self.batch, self.est.gpu, self.conf)}
+        saved = ests["eager"].peak_device_bytes - ests["inductor"].peak_device_bytes
+        self.compile_note.value = (
+            f"&nbsp; torch.compile {'saves' if saved >= 0 else 'costs'} <b class='xmem-compile-saves'>"
+            f"{human(abs(saved))}</b> (peak {amount(ests['inductor'].peak_device_bytes)} compiled, "
+            f"{amount(ests['eager'].peak_device_bytes)} eager)")
 
     def _background(self, message: str, work: Callable[[], Estimate | None], probe=lambda: None) -> None:
         """Run ``work`` with the progress indicator (in a thread of its own if ``threaded``)."""

@@ -46,6 +46,7 @@ from xmem_engine.tracing.patches import (
     logger_level,
     mkldnn_disabled,
     module_apply,
+    on_import,
     outside_mode,
     patched_attr,
     real_mode_for_lazy_modules,
@@ -292,7 +293,7 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
         meta["world"] = world.as_json()
     if tracer.real_ops:
         meta["real_ops"] = dict(tracer.real_ops)  # fake mode: these ran for real, one call at a time
-    if tracer.compiled is not None and (tracer.compiled.graphs or tracer.compiled.failures):
+    if tracer.compiled is not None and (tracer.compiled.graphs or tracer.compiled.failures or tracer.compiled.eager):
         meta["compile"] = tracer.compiled.as_json()  # torch.compile for the target GPU (torch_compile.py)
     if tracer.managed_bytes:  # paged optimizer states (bitsandbytes_shim.py)
         meta["managed_bytes"] = tracer.managed_bytes
@@ -366,6 +367,8 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(patched_attr(torch.utils.data.DataLoader, "_get_iterator", in_process_iterator))
         compiled = CompiledCalls(tracer, stack)  # torch.compile for the target GPU (torch_compile.py)
         stack.enter_context(patched_attr(torch, "compile", compiled.compile))
+        stack.enter_context(on_import(["torch._dynamo"], lambda dynamo: stack.enter_context(
+            compiled.patch_dynamo(dynamo))))  # torch.compile's older spelling
         stack.callback(lambda: tracer.notes.extend(compiled.record.notes()))
         tracer.compiled = compiled.record
         if tracer.fake:

@@ -51,6 +51,8 @@ from xmem_engine.tracing.patches import eager_compiled, patched_attr
 
 #: what ``torch.compile`` does under the tracer (``trace(compile=...)``, ``xmem estimate --compile``)
 COMPILE_MODES = ("inductor", "eager")
+#: why compiled code ran eagerly when the user asked for it (``CompileRecord.eager``)
+ASKED_EAGER = "asked: --compile eager"
 
 #: the torch.compile modes whose GPU behaviour is not modelled, and what the notes say of them
 UNMODELLED_MODES = {
@@ -62,6 +64,18 @@ UNMODELLED_MODES = {
     "max-autotune-no-cudagraphs": ("max-autotune's benchmarked kernel choices are not modelled: Inductor's default "
                                    "kernels (ATen matmuls) were assumed; a GPU may pick Triton templates"),
 }
+
+
+def why_not_compiled(meta: dict) -> str | None:
+    """Why compiling a traced step cannot be tried (the advisor's torch.compile lever), or
+    None: it compiles already, the user asked for eager, or Inductor cannot compile here."""
+    info = meta.get("compile") or {}
+    if info.get("graphs"):
+        return "the step is compiled already"
+    if ASKED_EAGER in (info.get("eager") or {}).values():
+        return "--compile eager was asked"
+    reason = compile_unavailable()
+    return None if reason is None else f"Inductor cannot compile for CUDA here: {reason}"
 
 
 def compile_unavailable() -> str | None:
@@ -90,11 +104,19 @@ class CompileRecord:
     modes: set[str] = field(default_factory=set)
     wrappers: list[str] = field(default_factory=list)  # Inductor's generated output code, in load order
     skipped: list[str] = field(default_factory=list)  # called, but Dynamo made no graph of it
+    eager: dict[str, str] = field(default_factory=dict)  # where torch.compile ran eagerly -> why
+
+    @property
+    def comparable(self) -> bool:
+        """Whether compiling and not compiling differ here: the code compiled a graph for the GPU,
+        or would have but ran eagerly because the user asked (the notebook's compile toggle)."""
+        return self.graphs > 0 or ASKED_EAGER in self.eager.values()
 
     def as_json(self) -> dict:
         return {"where": list(self.where), "graphs": self.graphs, "backward_graphs": self.backward_graphs,
                 "seconds": round(self.seconds, 3), "graph_breaks": list(self.graph_breaks),
-                "failures": len(self.failures), "wrappers": list(self.wrappers), "skipped": list(self.skipped)}
+                "failures": len(self.failures), "wrappers": list(self.wrappers), "skipped": list(self.skipped),
+                "eager": dict(self.eager), "comparable": self.comparable}
 
     def notes(self) -> list[str]:
         out = []
@@ -127,7 +149,9 @@ class CompiledCalls:
     def __init__(self, tracer: Any, stack: contextlib.ExitStack):
         self.t = tracer
         self.stack = stack  # the recording's: the Inductor patches are entered there, once
-        self.real_compile = torch.compile
+        self.real_compile = self._torch_compile(torch.compile)
+        self.real_optimize: Callable[..., Any] | None = None  # torch._dynamo.optimize, once imported
+        self.in_torch_compile = False  # torch.compile calls torch._dynamo.optimize itself
         self.virtual = availability()  # the tracer's answers (patched_cuda), for compiled code's runtime
         self.record = CompileRecord()
         self.installed = False
@@ -149,6 +173,7 @@ class CompiledCalls:
         where = library_frame() or "(library code)"
         reason = self.why_eager(backend)
         if reason is not None:
+            self.record.eager.setdefault(where, reason)
             return eager_compiled(model, where, reason, self.t.notes,
                                   lambda args, kwargs: self.on_gpu(model, args, kwargs))
         self.install()
@@ -172,9 +197,34 @@ class CompiledCalls:
             return compiled
         return functools.wraps(model)(self.calls(compiled, model, where)) if callable(compiled) else compiled
 
+    def optimize(self, *args: Any, **kwargs: Any) -> Any:
+        """``torch._dynamo.optimize(backend)``, the decorator ``torch.compile`` grew out of (older
+        scripts and tutorials): the same compile, ``nopython`` being ``fullgraph``. Called by
+        ``torch.compile`` itself, it is Dynamo's own."""
+        if self.in_torch_compile:
+            assert self.real_optimize is not None
+            return self.real_optimize(*args, **kwargs)
+        backend = args[0] if args else kwargs.pop("backend", "inductor")
+        return lambda fn: self.compile(fn, backend=backend, fullgraph=kwargs.get("nopython", False),
+                                       dynamic=kwargs.get("dynamic"), disable=kwargs.get("disable", False))
+
+    def patch_dynamo(self, dynamo: Any) -> contextlib.AbstractContextManager:
+        """``torch._dynamo.optimize`` as :meth:`optimize`, while the trace lasts."""
+        self.real_optimize = dynamo.optimize
+        return patched_attr(dynamo, "optimize", self.optimize)
+
+    def _torch_compile(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.in_torch_compile = True
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self.in_torch_compile = False
+        return call
+
     def why_eager(self, backend: Any) -> str | None:
         if self.t.compile_mode == "eager":
-            return "asked: --compile eager"
+            return ASKED_EAGER
         if not self.t.fake:
             return "real mode (compiling runs on fake tensors only)"
         if self.unavailable:
