@@ -37,6 +37,7 @@ from xmem_engine.tracing.errors import (
     needs_real_gpu,
 )
 from xmem_engine.tracing.frames import entry_point, run_user_code, trim_traceback
+from xmem_engine.tracing.generation import beam_search_to_the_end
 from xmem_engine.tracing.patches import (
     INIT_FUNCTIONS,
     appended,
@@ -398,6 +399,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
             stack.callback(_note_hub_kernels, tracer)
         stack.enter_context(triton_launches(tracer))  # Triton kernels: recorded, not run
         stack.enter_context(bitsandbytes_on_gpu(tracer))  # 4/8-bit parameters and optimizers
+        stack.enter_context(beam_search_to_the_end(tracer, stack))  # generate(): to max_new_tokens
         if tracer.fake:
             # FakeTensorMode logs every failing meta kernel (a user's shape error) with a
             # traceback of its own; the error itself reaches the user's code.

@@ -396,7 +396,10 @@ class VirtualGPUBackend:
             with calls.compiling():  # the lazy backward compile, inside backward()
                 return compile_fx_inner(*args, **kwargs)
 
-        return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=dict(self.inner.config))
+        # CUDA graphs (mode="reduce-overhead", transformers' static-cache generate()) capture and
+        # replay on the real device; the compiled step runs without them (UNMODELLED_MODES says so)
+        patches = {**self.inner.config, "triton.cudagraphs": False}
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
 
 
 # ---------------------------------------------------------------- small helpers
