@@ -259,3 +259,18 @@ def test_the_advisor_measures_compiling_the_model(tmp_path):
     again = advise(str(script), "H100-SXM-80GB", mode="fake")
     lever = next(m for m in again.levers if m.lever.name == "torch.compile")
     assert not lever.applicable and lever.detail == "the step is compiled already"
+
+
+def test_compiled_matmuls_take_cublas_workspaces_as_eager_ones_do():
+    """Inductor calls cuBLAS as ``extern_kernels.mm(a, b, out=buf)`` into a buffer it allocated
+    itself: no GEMM output is allocated, yet the handle's workspace is taken at the first GEMM of
+    forward and of backward as in eager code (the kk recording's 32 MiB one was missing)."""
+    from xmem_engine.estimate import estimate
+    from xmem_engine.gpus.cuda_libraries import WORKSPACE_OP
+
+    def workspaces(compile: str) -> list:
+        est = estimate(MLP, "H100-SXM-80GB", mode="fake", compile=compile)
+        return [(e.phase, e.bytes) for e in est.simulated_events if e.kind == "alloc" and e.op == WORKSPACE_OP]
+
+    compiled, eager = workspaces("inductor"), workspaces("eager")
+    assert compiled == eager == [("forward", 32 << 20), ("backward", 32 << 20)]

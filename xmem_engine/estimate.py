@@ -379,7 +379,7 @@ def estimate_trace(
 
     This is what a GPU switch in the widget calls; it takes milliseconds.
     """
-    from xmem_engine.gpus.cuda_libraries import adapt_trace
+    from xmem_engine.gpus.cuda_libraries import adapt_trace, gemms_into
     from xmem_engine.tracing.cuda_temporaries import resized_by_sm
     from xmem_engine.tracing.distributed import NCCL_NOTE  # the tracer's: the code made a process group
 
@@ -390,7 +390,7 @@ def estimate_trace(
     version = torch_version or torch.__version__.split("+")[0]
     resized = resized_by_sm(tr, target.sm_count, *target.compute_capability)  # reduction buffers, per GPU
     events, notes = adapt_trace(tr if resized is None else Trace(resized, tr.mode, tr.seconds, tr.meta), target,
-                                version)
+                                version, gemms=gemms_into(tr))
     traced_cc = tuple(tr.meta.get("compute_capability") or ())
     if tr.meta.get("sdpa_calls") and traced_cc and traced_cc != tuple(target.compute_capability):
         notes = notes + [

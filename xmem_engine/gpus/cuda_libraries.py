@@ -177,9 +177,11 @@ def takes_lt_path(e: TraceEvent, environ: dict | None = None) -> bool:
 
 
 def adapt_trace(trace: Trace, gpu: GPU, torch_version: str | None = None,
-                environ: dict | None = None) -> tuple[list[TraceEvent], list[str]]:
+                environ: dict | None = None, gemms: dict[int, list[TraceEvent]] | None = None,
+                ) -> tuple[list[TraceEvent], list[str]]:
     """The trace's events as they would be on ``gpu`` under PyTorch ``torch_version`` (default:
-    the installed one), plus notes on what was added."""
+    the installed one), plus notes on what was added. ``gemms``: :func:`gemms_into` of the
+    trace as traced, where ``trace`` is one with events resized for another GPU."""
     env = os.environ if environ is None else environ
     size = cublas_workspace_bytes(gpu, env, torch_version)
     notes = []
@@ -203,14 +205,29 @@ def adapt_trace(trace: Trace, gpu: GPU, torch_version: str | None = None,
         notes.append(f"cuBLASLt workspace {lt_size} B {mode} (PyTorch {torch_version or 'installed'})")
     if size == 0 and lt_size == 0:
         return list(events), notes
-    return _insert_workspaces(events, size, lt_size, mode, env), notes
+    return _insert_workspaces(events, size, lt_size, mode, env, gemms_into(trace) if gemms is None else gemms), notes
+
+
+def gemms_into(trace: Trace) -> dict[int, list[TraceEvent]]:
+    """The GEMMs that allocated no output (``mm(..., out=buf)``, as Inductor's compiled code
+    calls cuBLAS: ``trace.meta["gemm_into"]``), as output-less stand-ins keyed by the event
+    that came before each (its ``id()``; 0: none did): cuBLAS takes its workspaces there all the
+    same. Keyed by identity, as other adapters insert events (cuDNN's workspaces)."""
+    out: dict[int, list[TraceEvent]] = {}
+    events = trace.events
+    for n, op, dtype, shape, phase, stream, module, source, iteration in trace.meta.get("gemm_into") or []:
+        out.setdefault(id(events[n - 1]) if 0 < n <= len(events) else 0, []).append(TraceEvent(ALLOC, op=op, dtype=dtype, shape=tuple(shape), phase=phase,
+                                                stream=stream, module=module, source=source, iteration=iteration))
+    return out
 
 
 def _insert_workspaces(events: list[TraceEvent], size: int, lt_size: int, mode: str,
-                       env) -> list[TraceEvent]:
+                       env, into: dict[int, list[TraceEvent]] | None = None) -> list[TraceEvent]:
     """After the first GEMM output of the forward thread and of backward: the cuBLAS workspace.
     After each cuBLASLt GEMM output: an Lt workspace allocated and freed at once (per-call), or
-    kept from the first one of its thread (persistent)."""
+    kept from the first one of its thread (persistent). ``into``: GEMMs without an output of
+    their own (:func:`gemms_into`), by the event before them."""
+    into = into or {}
     out: list[TraceEvent] = []
     seen: set[tuple[str, int]] = set()
     seen_lt: set[tuple[str, int]] = set()
@@ -225,10 +242,7 @@ def _insert_workspaces(events: list[TraceEvent], size: int, lt_size: int, mode: 
         out.append(ws)
         return ws
 
-    for e in events:
-        out.append(e)
-        if e.kind != ALLOC or op_name(e.op) not in GEMM_OPS:
-            continue
+    def gemm(e: TraceEvent) -> None:
         key = ("backward" if e.phase == "backward" else "main", e.stream)
         lt = lt_size > 0 and takes_lt_path(e, env)
         per_call = alloc(LT_WORKSPACE_OP, lt_size, e) if lt and mode == PER_CALL else None
@@ -240,6 +254,15 @@ def _insert_workspaces(events: list[TraceEvent], size: int, lt_size: int, mode: 
         elif lt and mode == PERSISTENT and key not in seen_lt:
             seen_lt.add(key)
             alloc(LT_WORKSPACE_OP, lt_size, e)
+
+    for g in into.get(0, []):  # GEMMs before the trace's first event
+        gemm(g)
+    for e in events:
+        out.append(e)
+        if e.kind == ALLOC and op_name(e.op) in GEMM_OPS:
+            gemm(e)
+        for g in into.get(id(e), ()):
+            gemm(g)
     return out
 
 

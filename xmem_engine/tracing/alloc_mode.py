@@ -26,6 +26,7 @@ from xmem_engine.tracing.subclasses import is_fake_wrapper, is_wrapper
 
 from xmem_engine.tracing.cuda_temporaries import RULES as CUDA_TEMPORARIES
 from xmem_engine.tracing.cuda_temporaries import BySM
+from xmem_engine.gpus import cuda_libraries
 from xmem_engine.tracing import convolutions
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.fake_fastpaths import FAST_FAKE
@@ -144,6 +145,7 @@ class AllocMode(TorchDispatchMode):
         self.fake_errors = _fake_exceptions() if tracer.fake else ()
         self.mutable: dict[Any, bool] = {}
         self.composite: dict[Any, bool] = {}
+        self.gemm: dict[Any, bool] = {}  # func -> whether it is a GEMM (cuBLAS workspaces)
         self.backward_writes = BackwardInPlace()
 
     @classmethod
@@ -241,6 +243,7 @@ class AllocMode(TorchDispatchMode):
         gpu: bool | None = None
         budget = tr.host_budget
         host = HOST_OUTPUTS.get(func)
+        made = False
         for i, t in enumerate(tensors_in(out)):
             st = t.untyped_storage()
             key = st._cdata
@@ -258,6 +261,13 @@ class AllocMode(TorchDispatchMode):
                 gpu = self._on_gpu(args, kwargs)
             if gpu:
                 tr.on_new_storage(func, t, st, key, nbytes)
+                made = True
+        if not made and isinstance(out, torch.Tensor):
+            gemm = self.gemm.get(func)
+            if gemm is None:
+                gemm = self.gemm[func] = cuda_libraries.op_name(str(func)) in cuda_libraries.GEMM_OPS
+            if gemm and (gpu if gpu is not None else self._on_gpu(args, kwargs)):
+                tr.on_gemm_into(func, out)  # mm(..., out=buf): cuBLAS still takes its workspace
         rule = CUDA_TEMPORARIES.get(func)
         if rule is not None and (gpu if gpu is not None else self._on_gpu(args, kwargs)):
             steps = rule(args, kwargs, tr.cuda_device)

@@ -139,6 +139,10 @@ class Tracer:
         self.op_hooks: list[Callable[["Tracer", Any, tuple, dict, Any], None]] = []
         self.sdpa_calls = 0  # attention calls whose CUDA backend sdpa.py chose for this GPU
         self.conv_calls: list[list] = []  # GPU convolutions' cuDNN problems (convolutions.py)
+        # GEMMs that wrote into a tensor they did not allocate (``mm(..., out=buf)``: Inductor's
+        # extern kernels): [events before it, op, dtype, shape, phase, stream, module, source,
+        # iteration], for the cuBLAS workspaces (gpus/cuda_libraries.py), which follow a GEMM's output
+        self.gemm_into: list[list] = []
         self.cudnn_benchmark = False  # one ran with torch.backends.cudnn.benchmark on
         self.notes: list[str] = []  # what the estimate should tell about how this run was traced
         self.torch_target: tuple[int, int] | None = None  # the GPU run's PyTorch, when not this one
@@ -359,6 +363,13 @@ class Tracer:
             self._busy -= 1
             if self._pending_frees and not self._busy:
                 self._drain()
+
+    def on_gemm_into(self, func: Any, out: torch.Tensor) -> None:
+        """A GEMM on the GPU that allocated nothing (its output given): where it ran, for its
+        cuBLAS workspaces (:attr:`gemm_into`)."""
+        self.gemm_into.append([len(self.events), op_name(func), str(out.dtype).removeprefix("torch."),
+                               list(out.shape), str(self.phase), self.vc.current_stream.stream_id,
+                               self.current_module(), user_frame(4), self.iteration])
 
     def _storage_died(self, key: int) -> Callable[[weakref.ref], None]:
         def cb(_ref: weakref.ref) -> None:
