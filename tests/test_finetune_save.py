@@ -232,3 +232,25 @@ def test_accelerate_save_state_and_load_state(tmp_path):
     # the optimizer's state, loaded to the host too, moves to its parameters' device: AdamW's 2.
     loads = [e for e in tr.events if e.kind == "alloc" and e.source.endswith(f":{_line(ACCELERATE, 'acc.load_state')}")]
     assert sum(e.bytes for e in loads) == 2 * params * 4
+
+
+def test_each_trace_starts_with_a_new_processs_accelerate_state():
+    """accelerate keeps one AcceleratorState per process. Traced twice in one process (the
+    notebook, the advisor's levers), the second trace's ``Accelerator(mixed_precision=...)``
+    met the first's state and refused another precision; and the user's own state changed."""
+    pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, PartialState
+
+    step = ("import torch\nfrom accelerate import Accelerator\nacc = Accelerator(mixed_precision=PREC)\n"
+            "model = acc.prepare(torch.nn.Linear(64, 64))\nacc.backward(model(torch.randn(8, 64, device=acc.device)).sum())\n"
+            "used = str(acc.mixed_precision)\n")
+    users = {"_from_the_user": True}
+    PartialState._shared_state.update(users)
+    try:
+        for prec in ("bf16", "fp16", "no"):
+            ns: dict = {}
+            trace(step.replace("PREC", repr(prec)), ns, mode="fake")
+            assert ns["used"] == prec
+            assert PartialState._shared_state == users and AcceleratorState._shared_state == {}
+    finally:
+        PartialState._shared_state.clear()

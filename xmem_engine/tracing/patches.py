@@ -429,3 +429,26 @@ class _ThenLoader:
         if name == "loader":  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
+
+
+#: library singletons a process starts without: (module, classes whose ``_shared_state`` dict
+#: is the singleton). accelerate's ``Accelerator()`` fills them once per process.
+SINGLETONS = (("accelerate.state", ("PartialState", "AcceleratorState", "GradientState")),)
+
+
+def fresh_singletons(stack: contextlib.ExitStack) -> contextlib.AbstractContextManager:
+    """Each trace starts with the library singletons of a new process (:data:`SINGLETONS`) and
+    hands back the ones it found. A script runs in a process of its own; traced in the notebook
+    or again by the advisor, its ``Accelerator(...)`` met the last trace's state (and refused
+    another ``mixed_precision``), and changed the user's own."""
+
+    def fresh(module: Any, names: tuple[str, ...]) -> None:
+        for name in names:
+            state = getattr(getattr(module, name, None), "_shared_state", None)
+            if type(state) is dict:  # not accelerate's thread-local one (TPU)
+                saved = dict(state)
+                state.clear()
+                stack.callback(lambda s=state, k=saved: (s.clear(), s.update(k)))
+
+    watched = dict(SINGLETONS)
+    return on_import(list(watched), lambda module: fresh(module, watched[module.__name__]))

@@ -43,6 +43,7 @@ from xmem_engine.tracing.patches import (
     appended,
     cudnn_refused,
     fake_parameter_new,
+    fresh_singletons,
     in_process_iterator,
     logger_level,
     mkldnn_disabled,
@@ -402,6 +403,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(triton_launches(tracer))  # Triton kernels: recorded, not run
         stack.enter_context(bitsandbytes_on_gpu(tracer))  # 4/8-bit parameters and optimizers
         stack.enter_context(beam_search_to_the_end(tracer, stack))  # generate(): to max_new_tokens
+        stack.enter_context(fresh_singletons(stack))  # accelerate's state: a new process's, then the user's
         if tracer.fake:
             # FakeTensorMode logs every failing meta kernel (a user's shape error) with a
             # traceback of its own; the error itself reaches the user's code.
