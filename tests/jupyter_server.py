@@ -96,11 +96,11 @@ def run_all_in_lab(page, base: str, token: str, notebook: str, timeout_ms: int =
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
 
-def write_notebook(path: Path, cells: list[str]) -> None:
-    """A notebook of code cells, unexecuted, for the Python 3 kernel."""
+def write_notebook(path: Path, cells: list[str], kernel: tuple[str, str] = ("python3", "Python 3")) -> None:
+    """A notebook of code cells, unexecuted, for ``kernel`` (its spec name and display name)."""
     import json
 
     code = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [],
              "source": src} for i, src in enumerate(cells)]
     path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "cells": code, "metadata": {
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}))
+        "kernelspec": {"name": kernel[0], "display_name": kernel[1], "language": "python"}}}))

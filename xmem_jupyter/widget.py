@@ -118,7 +118,8 @@ class XmemWidget(widgets.VBox):
         # Session of its own, so switching back is a lookup (compile time is paid once per mode)
         compiles = bool((est.trace.meta.get("compile") or {}).get("comparable"))
         self.compile_toggle = widgets.ToggleButton(
-            value=(session.compile if session else None) != "eager", description="torch.compile",
+            value=(session.compile if session else None) != "eager",
+            description=f"torch.compile {'off' if session and session.compile == 'eager' else 'on'}",
             icon="bolt", layout=widgets.Layout(width="12em", display=None if compiles and session else "none"),
             tooltip="the cell's torch.compile: on, compiled for this GPU by Inductor; off, the same code eager")
         self.compile_toggle.add_class("xmem-compile")
@@ -351,6 +352,7 @@ class XmemWidget(widgets.VBox):
         in a Session of its own (a copy of the namespace); then what compiling saves."""
         assert self.session is not None
         mode = "inductor" if change["new"] else "eager"
+        self.compile_toggle.description = f"torch.compile {'on' if change['new'] else 'off'}"
         current = self.session.compile or "inductor"
         if mode == current:
             return
