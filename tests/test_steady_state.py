@@ -33,7 +33,8 @@ def _steady_notes(tr) -> list[str]:
 def test_one_step_runs_twice_with_the_model_built_once():
     built, losses = types.SimpleNamespace(k=0), []
     est = estimate(STEP, "A100-SXM4-40GB", namespace={"built": built, "losses": losses}, mode="fake", steps=None)
-    assert est.steps == 2 and built.k == 1
+    assert est.trace.meta["iterations"] == 2 and built.k == 1
+    assert est.steps == 3  # this cache settles at step 3: the third is simulated (simulation/settle.py)
     assert _steady_notes(est.trace) == [
         "steady state: the cell's training step (lines 6-11) ran 2 times on a model and optimizer built once "
         "(lines 2-5); -n 1 estimates the first step alone"]
@@ -119,3 +120,53 @@ def test_a_cache_still_growing_in_the_last_step_is_said():
     assert growing and growing[0].startswith("the allocator reserved 1.00 GiB more in step 3")
     assert not [n for n in four.notes if "had not settled" in n]
     assert four.peak_device_bytes == three.peak_device_bytes
+
+
+def test_a_cache_that_settles_after_step_two_is_simulated_to_its_settled_peak():
+    """The steady state traces two steps; where the cache grows in a third, the third step's
+    requests are the second's, appended in simulation (simulation/settle.py): the same requests,
+    in the same order, as a traced third step, and its peak, without tracing it."""
+    def run(steps):
+        return estimate(STEP, "A100-SXM4-40GB", namespace={"built": types.SimpleNamespace(k=0), "losses": []},
+                        mode="fake", steps=steps)
+
+    def requests(est):
+        return [(str(e.kind), e.bytes, str(e.category)) for e in est.simulated_events if e.kind in ("alloc", "free")]
+
+    steady, two, three = run(None), run(2), run(3)
+    assert steady.trace.meta["iterations"] == 2 and steady.steps == 3
+    assert requests(steady) == requests(three)
+    assert steady.peak_device_bytes == three.peak_device_bytes == two.peak_device_bytes + (1 << 30)
+    assert steady.peak_reserved_bytes == three.peak_reserved_bytes
+    settled = [n for n in steady.notes if n.startswith("the allocator's cache grew after the second step")]
+    assert settled == ["the allocator's cache grew after the second step: the step's requests were repeated in "
+                       "simulation (1 more, 3 steps) until it settled; 1.00 GiB more reserved than over the two "
+                       "traced steps"]
+    assert not [n for n in steady.notes if "had not settled" in n]
+    assert not [n for n in two.notes if "grew after the second step" in n]  # -n 2 is what was asked
+
+
+def test_a_step_that_is_not_periodic_is_not_repeated():
+    from xmem_engine.simulation.settle import repeated
+    from xmem_engine.trace import ALLOC, FREE, TraceEvent
+
+    def a(i, n):
+        return TraceEvent(ALLOC, id=i, bytes=n, op="aten.empty")
+
+    # before the pass: x0 (64 B). The pass frees x0 and leaves x1 in its place: periodic
+    events = [a(0, 64), TraceEvent(FREE, id=0, bytes=64), a(1, 64), a(2, 8), TraceEvent(FREE, id=2, bytes=8),
+              TraceEvent(FREE, id=1, bytes=64)]
+    events = [events[0], events[2], events[1], events[3], events[4], events[5]]  # x1 made, x0 freed, a temp
+    out = repeated(events, 1, 5, 2)
+    assert [(str(e.kind), e.bytes) for e in out] == [("alloc", 64)] + [("alloc", 64), ("free", 64), ("alloc", 8),
+                                                                        ("free", 8)] * 3 + [("free", 64)]
+    live: set = set()
+    for e in out:  # every id made once and freed once, each free after its alloc
+        if e.kind == ALLOC:
+            assert e.id not in live
+            live.add(e.id)
+        else:
+            live.remove(e.id)
+    assert not live
+    # the pass frees a 64 B object made before it but leaves nothing of that kind in its place
+    assert repeated([a(0, 64), a(1, 32), TraceEvent(FREE, id=0, bytes=64)], 1, 3, 1) is None

@@ -30,7 +30,7 @@ from xmem_engine.simulation.alloc_conf import AllocatorConfig, parse_alloc_conf,
 from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.gpus import GPU, get_gpu, load_catalog
 from xmem_engine.simulation.simulate import SimulationResult, simulate
-from xmem_engine.trace import ALLOC, Trace, TraceEvent
+from xmem_engine.trace import ALLOC, ITERATION, Trace, TraceEvent
 
 from xmem_engine.batch_search import REAL_MODE_REACH, SEARCH_LIMIT, BatchSearch, max_batch  # noqa: F401 (API)
 
@@ -405,6 +405,7 @@ def estimate_trace(
     # Unified memory (bitsandbytes' paged optimizer states): on the device as nvidia-smi counts
     # it, but not taken from cudaMalloc's share, since the driver pages it out when short.
     outside += int(tr.meta.get("managed_bytes", 0))
+    events, settling = _settle(events, tr, cfg, target)
     sim = simulate(events, allocator=CachingAllocator(cfg, capacity=limit,
                                                      device_total=target.total_memory_bytes))
     oom_note = []
@@ -427,7 +428,7 @@ def estimate_trace(
         if alone.oom:
             alone = simulate(head, allocator=CachingAllocator(cfg, capacity=None, device_total=target.total_memory_bytes))
         first_step = target.context_bytes + outside + alone.peak_reserved_bytes
-        grew = _last_step_growth(sim) if len(sim.iterations) >= 3 else 0  # step 2 grows by design
+        grew = _last_step_growth(sim) if len(sim.iterations) >= 3 and not settling else 0  # step 2 grows by design
         if grew >= 64 << 20:
             oom_note.append(f"the allocator reserved {gib(grew)} more in step {len(sim.iterations)} than in the step "
                             "before (its cache had not settled into the loop's pattern): a longer loop may peak "
@@ -479,7 +480,7 @@ def estimate_trace(
         seconds=(t1 - started) if started is not None else tr.seconds + (t1 - t0),
         trace_seconds=tr.seconds,
         simulate_seconds=t1 - t0,
-        notes=notes + oom_note + traced_notes
+        notes=notes + settling + oom_note + traced_notes
         + ([str(tr.meta["fallback"])] if tr.meta.get("fallback") else []),
         allocator_limit_bytes=limit,
         oom_event=oom_event,
@@ -496,6 +497,33 @@ def estimate_trace(
 
 SDPA_CAVEAT = "scaled_dot_product_attention kept the backends"  # a note's start: see Estimate.backend_caveat
 NO_MODULE = "(outside any module)"  # inputs, the loss, the optimizer's own temporaries
+
+
+def _settle(events: list, tr: Trace, cfg: AllocatorConfig, target: GPU) -> tuple[list, list[str]]:
+    """The steady state's last pass repeated in simulation while the cache keeps growing
+    (``simulation/settle.py``), and the note saying so; the events as they were otherwise."""
+    from xmem_engine.simulation.settle import MAX_EXTRA_STEPS, settled
+
+    span = tr.meta.get("repeat_span")
+    if not span or not span[1] > span[0] or span[1] > len(tr.events):
+        return events, []
+    at = {id(e): i for i, e in enumerate(events)}
+    first, last = at.get(id(tr.events[span[0]])), at.get(id(tr.events[span[1] - 1]))
+    if first is None or last is None or last < first:
+        return events, []
+
+    def peak(evs: list) -> int:
+        return simulate(evs, allocator=CachingAllocator(cfg, capacity=None,
+                                                        device_total=target.total_memory_bytes)).peak_reserved_bytes
+
+    out, added, grown = settled(events, first, last + 1, peak)
+    if not added:
+        return events, []
+    steps = len([e for e in tr.events if e.kind == ITERATION]) + added
+    more = " and still growing: a longer loop may peak higher" if added == MAX_EXTRA_STEPS else ""
+    return out, [f"the allocator's cache grew after the second step: the step's requests were repeated in "
+                 f"simulation ({added} more, {steps} steps) until it settled{more}; {gib(grown)} more reserved "
+                 "than over the two traced steps"]
 
 
 def _last_step_growth(sim: SimulationResult) -> int:

@@ -314,6 +314,8 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
         d = tracer.cuda_device
         meta["by_sm"] = {"sm_count": d.sm_count, "max_threads_per_sm": d.max_threads_per_sm,
                          "torch_version": d.torch_version, "groups": tracer.by_sm}
+    if tracer.repeat_span is not None:
+        meta["repeat_span"] = list(tracer.repeat_span)  # simulation/settle.py repeats it
     if tracer.gemm_into:
         meta["gemm_into"] = tracer.gemm_into  # gpus/cuda_libraries.py: their cuBLAS workspaces
     if tracer.conv_calls:

@@ -118,11 +118,17 @@ def passes(lines: tuple[tuple[int, int], ...], steps: int | None, filename: str 
     # cell leaves them: the repeats measure memory, they do not train further.
     plain = {k: copy.deepcopy(v) for k, v in g.items() if not k.startswith("__") and is_plain(v)}
     last = first
+    events = getattr(tracer, "events", None)
     for n in range(2, total + 1):
         last = Pass(lines, filename, start=start, number=n, tracer=tracer)
+        begin = len(events) if events is not None else 0
         yield last
         if last.failure:
             break
+        if steps is None and events is not None and n == total:
+            # the last pass's events: the estimate repeats them until the cache settles
+            # (simulation/settle.py); not where -n asked for a number of steps
+            tracer.repeat_span = (begin, len(events))
     for k in [k for k, v in g.items() if not k.startswith("__") and is_plain(v) and k not in plain]:
         del g[k]  # first bound by a repeat (cannot be: every step statement ran in the first pass)
     g.update(plain)

@@ -143,6 +143,8 @@ class Tracer:
         # extern kernels): [events before it, op, dtype, shape, phase, stream, module, source,
         # iteration], for the cuBLAS workspaces (gpus/cuda_libraries.py), which follow a GEMM's output
         self.gemm_into: list[list] = []
+        # the steady state's last pass over the step, (first event, end) (tracing/steady.py)
+        self.repeat_span: tuple[int, int] | None = None
         self.cudnn_benchmark = False  # one ran with torch.backends.cudnn.benchmark on
         self.notes: list[str] = []  # what the estimate should tell about how this run was traced
         self.torch_target: tuple[int, int] | None = None  # the GPU run's PyTorch, when not this one
