@@ -126,7 +126,9 @@ class CompileRecord:
             out.append(f"torch.compile at {where}: compiled for the target GPU by Inductor on the CPU "
                        f"({self.graphs} graph{'s' if self.graphs != 1 else ''}{bw}; the CPU compile took "
                        f"{self.seconds:.1f} s). The estimate is the compiled step's: Inductor's buffers and "
-                       "the partitioner's saved activations")
+                       "the partitioner's saved activations. Not in it: Triton's autotuning at each kernel's "
+                       "first launch on the GPU (an L2-sized buffer and copies of what the kernel writes, "
+                       "freed at once; first step only)")
         if self.graph_breaks:
             shown = "; ".join(self.graph_breaks[:3])
             more = f" (and {len(self.graph_breaks) - 3} more)" if len(self.graph_breaks) > 3 else ""
