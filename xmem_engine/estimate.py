@@ -405,9 +405,13 @@ def estimate_trace(
     # Unified memory (bitsandbytes' paged optimizer states): on the device as nvidia-smi counts
     # it, but not taken from cudaMalloc's share, since the driver pages it out when short.
     outside += int(tr.meta.get("managed_bytes", 0))
-    events, settling = _settle(events, tr, cfg, target)
     sim = simulate(events, allocator=CachingAllocator(cfg, capacity=limit,
                                                      device_total=target.total_memory_bytes))
+    # the uncapped peak, where the capped run did not run short (then they are the same)
+    known = None if sim.oom or sim.alloc_retries else sim.peak_reserved_bytes
+    events, settling = _settle(events, tr, cfg, target, known)
+    if settling:
+        sim = simulate(events, allocator=CachingAllocator(cfg, capacity=limit, device_total=target.total_memory_bytes))
     oom_note = []
     oom_event = None
     if not any(e.kind == ALLOC for e in tr.events):
@@ -499,9 +503,11 @@ SDPA_CAVEAT = "scaled_dot_product_attention kept the backends"  # a note's start
 NO_MODULE = "(outside any module)"  # inputs, the loss, the optimizer's own temporaries
 
 
-def _settle(events: list, tr: Trace, cfg: AllocatorConfig, target: GPU) -> tuple[list, list[str]]:
+def _settle(events: list, tr: Trace, cfg: AllocatorConfig, target: GPU,
+            known: int | None = None) -> tuple[list, list[str]]:
     """The steady state's last pass repeated in simulation while the cache keeps growing
-    (``simulation/settle.py``), and the note saying so; the events as they were otherwise."""
+    (``simulation/settle.py``), and the note saying so; the events as they were otherwise.
+    ``known``: the events' peak reserved bytes on an unlimited device, if simulated already."""
     from xmem_engine.simulation.settle import MAX_EXTRA_STEPS, settled
 
     span = tr.meta.get("repeat_span")
@@ -516,7 +522,7 @@ def _settle(events: list, tr: Trace, cfg: AllocatorConfig, target: GPU) -> tuple
         return simulate(evs, allocator=CachingAllocator(cfg, capacity=None,
                                                         device_total=target.total_memory_bytes)).peak_reserved_bytes
 
-    out, added, grown = settled(events, first, last + 1, peak)
+    out, added, grown = settled(events, first, last + 1, peak, known)
     if not added:
         return events, []
     steps = len([e for e in tr.events if e.kind == ITERATION]) + added

@@ -85,12 +85,13 @@ def repeated(events: list[TraceEvent], start: int, end: int, times: int) -> list
     return out
 
 
-def settled(events: list[TraceEvent], start: int, end: int,
-            peak_reserved: Callable[[list[TraceEvent]], int]) -> tuple[list[TraceEvent], int, int]:
+def settled(events: list[TraceEvent], start: int, end: int, peak_reserved: Callable[[list[TraceEvent]], int],
+            base: int | None = None) -> tuple[list[TraceEvent], int, int]:
     """The events with the pass repeated until ``peak_reserved`` of them stops growing (at most
     :data:`MAX_EXTRA_STEPS` more): (events, steps added, bytes the peak grew). Unchanged events
-    and (0, 0) where one more step changes nothing or the pass is not periodic."""
-    base = peak_reserved(events)
+    and (0, 0) where one more step changes nothing or the pass is not periodic. ``base``: the
+    events' own peak, where the caller has it."""
+    base = peak_reserved(events) if base is None else base
     best, added, grown = events, 0, 0
     for times in range(1, MAX_EXTRA_STEPS + 1):
         more = repeated(events, start, end, times)
