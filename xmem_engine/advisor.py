@@ -596,7 +596,11 @@ def _measure(run: Runner, target: GPU, *, batch_var: str | None = None, batch: i
             if est.peak_device_bytes == base.peak_device_bytes and not m.detail:
                 m.detail = "no change here"
         except Exception as e:  # one lever failing (e.g. fused on an optimizer without it) is reported
-            m.error = f"{type(e).__name__}: {e}"[:200]
+            if lv.patch is compile_patch:  # xmem's compile for the GPU, not the user's step, fell short
+                m.applicable = False
+                m.detail = f"compiling it for the GPU failed here ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+            else:
+                m.error = f"{type(e).__name__}: {e}"[:200]
         advice.levers.append(m)
 
     if not base.fits:

@@ -15,6 +15,7 @@ import gc
 import linecache
 import logging
 import os
+import sys
 import time
 import types
 import warnings
@@ -227,10 +228,18 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
         fn(tracer)
     is_source = isinstance(code, types.CodeType)
     scratch: dict | None = None
+    main: types.ModuleType | None = None
     if is_source:
         scratch = dict(namespace or {})
         scratch.setdefault("__name__", "__main__")
         scratch.setdefault("__builtins__", builtins)
+        if scratch["__name__"] == "__main__":
+            # The code's globals are ``sys.modules["__main__"]``'s while it runs, as ``python
+            # SCRIPT`` (and runpy) has them: Dynamo guards a compiled function's globals through
+            # that module ("module '__main__' has no attribute 'CKPT'"), pickle finds classes there.
+            main = types.ModuleType("__main__")
+            main.__dict__.update(scratch)
+            scratch = main.__dict__
     state = UserState.capture(_user_roots(code, namespace))
     tracer.user_state = state
     persist: dict[str, Any] = {}
@@ -255,7 +264,9 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
                 with ScriptEnd() as script_end:  # os._exit and atexit kept inside the trace
                     os_exit = False
                     try:
-                        run_user_code(code, scratch)
+                        with patched_item(sys.modules, "__main__", main) if main is not None \
+                                else contextlib.nullcontext():
+                            run_user_code(code, scratch)
                     except SystemExit as e:  # ``sys.exit(main())`` at the end of a script, or ``os._exit``
                         if e.code not in (None, 0):
                             raise
