@@ -570,7 +570,8 @@ def _measure(run: Runner, target: GPU, *, batch_var: str | None = None, batch: i
                 est, _ = run([lv], batch // lv.batch_divisor, alloc_conf)
                 m.detail = f"micro-batch {batch // lv.batch_divisor}"
             elif lv.smaller_batch:
-                search = max_batch(lambda v: run([], v, alloc_conf)[0], start=batch)
+                search = max_batch(lambda v: run([], v, alloc_conf)[0], start=batch, estimate_trace=lambda tr: estimate_trace(
+                    tr, target, alloc_conf or None, torch_version=torch_version))
                 if search.value <= 0:
                     m.applicable, m.detail = False, f"not even {batch_var} = 1 fits"
                     advice.levers.append(m)

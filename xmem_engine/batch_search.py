@@ -10,6 +10,7 @@ Estimate = Any  # an estimate.Estimate, or anything with .fits, .fits_safely, .p
 
 SEARCH_LIMIT = 1 << 40  # far above any GPU: a variable that still fits there does not bound memory
 REAL_MODE_REACH = 16  # a real-mode search goes at most this far above its start: real CPU tensors
+MAX_FAMILIES = 4  # families of traces a search fits before it traces every value it tries
 
 
 @dataclass
@@ -27,9 +28,17 @@ class BatchSearch:
     unbounded: str = ""  # "", "independent" or "limit"
     limit: int = SEARCH_LIMIT
     tried: list[int] = field(default_factory=list)
+    traced: list[int] = field(default_factory=list)  # the values traced for real (the rest: by the family)
+    family: str = ""  # how the family of traces went (batch_family.py): "" where none was tried
 
     def __iter__(self):
         return iter((self.value, self.estimate))
+
+    def to_json(self) -> dict:
+        """The search's part of ``xmem estimate --max-batch --json``."""
+        return {"max_value": self.value if not self.unbounded else None, "at_least": self.value,
+                "unbounded": self.unbounded or None, "search_limit": self.limit, "tried": self.tried,
+                "traced": self.traced, "family": self.family or None}
 
     def answer(self) -> str:
         """The value as a reader should take it: "512", "at least 4096", or "any"."""
@@ -53,6 +62,7 @@ def max_batch(
     start: int = 1,
     limit: int = SEARCH_LIMIT,
     safe: bool = False,
+    estimate_trace: Callable[[Any], Estimate] | None = None,
 ) -> BatchSearch:
     """The largest value ``v`` in [1, limit] with ``build(v).fits`` (0 if not even 1 fits);
     with ``safe``, with ``build(v).fits_safely``: the calibrated range's high end fits too.
@@ -64,8 +74,87 @@ def max_batch(
     When the estimate at ``start`` was traced in real mode, every larger value holds real CPU
     tensors: the search then goes no further than ``REAL_MODE_REACH`` times ``start``, so it
     cannot exhaust the host's memory.
+
+    ``estimate_trace`` (a trace -> its estimate, for the same GPU and settings as ``build``):
+    after two values are traced, the others the search tries are estimated from traces of the
+    two's family (``batch_family.py``), no code run; the answer and the value above it are then
+    traced for real and must be the family's, request for request, or the search starts over
+    with real traces only (``BatchSearch.family`` says which happened).
     """
-    cache: dict[int, Estimate] = {}
+    real: dict[int, Estimate] = {}
+
+    def built(v: int) -> Estimate:
+        if v not in real:
+            real[v] = build(v)
+        return real[v]
+
+    if estimate_trace is None:
+        return _search(built, start, limit, safe, real)
+    from xmem_engine.batch_family import BatchFamily, NotAffine, same_trace
+
+    family: list = []  # the family in use
+    pair: list[int] = []  # the two values to fit it on: the first two traced, then two at a miss
+    dropped: list[str] = []
+    tried: set[tuple[int, ...]] = set()
+
+    def fit() -> None:
+        a, b = pair
+        if real[a].trace is None or real[b].trace is None or "fake" != real[a].trace.mode:
+            dropped.append(f"{a} and {b} were not traced in fake mode")
+            return
+        try:
+            family.append(BatchFamily.fit(a, real[a].trace, b, real[b].trace))
+        except NotAffine as e:
+            dropped.append(f"{a} and {b} are not one family ({e})")
+
+    def guessed(v: int) -> Estimate:
+        if v in real:
+            return real[v]
+        if not family and len(real) >= 2 and len(tried) < MAX_FAMILIES:
+            last = tuple(list(real)[-2:])  # the two values traced last (the first two, to begin with)
+            if last not in tried:
+                tried.add(last)
+                pair[:] = last
+                fit()
+        trace = family[0].trace_at(v) if family else None
+        return built(v) if trace is None else estimate_trace(trace)
+
+    search = _search(guessed, start, limit, safe, {})
+    for _ in range(MAX_FAMILIES):
+        if not family:
+            break
+        ends = [search.value] + ([search.value + 1] if not search.unbounded and search.value < limit else [])
+        wrong = next((v for v in ends if v >= 1 and v not in real
+                      and not same_trace(built(v).trace, family[0].trace_at(v))), None)
+        if wrong is None:
+            search.family = "; ".join(dropped + [f"fitted on {pair[0]} and {pair[1]}, checked at "
+                                                 f"{', '.join(map(str, ends))}"])
+            return _with_real(search, real)
+        # the step changes with the batch between the family's values and this one (a kernel
+        # chosen by size): a family fitted where the answer is, on this value and the next
+        dropped.append(f"the family of {pair[0]} and {pair[1]} is not the real trace at {wrong}")
+        family.clear()
+        pair[:] = [wrong, wrong + 1 if wrong < limit else wrong - 1]
+        built(pair[1])
+        tried.add(tuple(pair))
+        fit()
+        search = _search(guessed, wrong, limit, safe, {})  # from where the answer was found
+    search = _search(built, start, limit, safe, real)
+    search.family = "; ".join(dropped)
+    return _with_real(search, real)
+
+
+def _with_real(search: BatchSearch, real: dict[int, Estimate]) -> BatchSearch:
+    search.traced = sorted(real)
+    if search.value in real:
+        search.estimate = real[search.value]
+    return search
+
+
+def _search(build: Callable[[int], Estimate], start: int, limit: int, safe: bool,
+            seen: dict[int, Estimate]) -> BatchSearch:
+    """Doubling (or halving) from ``start``, then bisection (:func:`max_batch`)."""
+    cache: dict[int, Estimate] = dict(seen)
 
     def fits(v: int) -> bool:
         if v not in cache:

@@ -491,7 +491,7 @@ def _world_args(args) -> tuple[list, bool]:
 def _cmd_estimate(args) -> int:
     import os
 
-    from xmem_engine.estimate import estimate_script, max_batch
+    from xmem_engine.estimate import estimate_script, estimate_trace, max_batch
 
     # Everything the user gave is checked before the script runs.
     gpu, overrides = _script_inputs(args)
@@ -523,8 +523,9 @@ def _cmd_estimate(args) -> int:
     with _running_script("estimate", args.script, args.mode):
         with quiet:
             if args.max_batch:
-                search = max_batch(lambda v: run({**overrides, args.max_batch: str(v)}), start=start,
-                                   safe=args.safe)
+                family = lambda tr: estimate_trace(tr, gpu, args.alloc_conf, torch_version=args.torch_version)  # noqa: E731
+                search = max_batch(lambda v: run({**overrides, args.max_batch: str(v)}), start=start, safe=args.safe,
+                                   estimate_trace=family if len(worlds) == 1 else None)  # batch_family.py
                 est = search.estimate
             else:
                 est = run(overrides)
@@ -548,9 +549,7 @@ def _cmd_estimate(args) -> int:
                                        f"made: {est.summary().splitlines()[0] if est else ''}",
                                        est.to_json() if est is not None else None)) from None
     if search is not None:
-        out = {"variable": args.max_batch, "max_value": search.value if not search.unbounded else None,
-               "at_least": search.value, "unbounded": search.unbounded or None, "search_limit": search.limit,
-               "tried": search.tried, "gpu": gpu.key, **(est.to_json() if est else {})}
+        out = {"variable": args.max_batch, **search.to_json(), "gpu": gpu.key, **(est.to_json() if est else {})}
         if args.json:
             _print_json(out)
         else:

@@ -226,7 +226,8 @@ def _search_rows(unit: Unit) -> list[Row]:
         t0 = time.perf_counter()
         try:
             search = max_batch(lambda v: estimate_trace(trace_at(v), gpu, conf, torch_version=unit.torch_version),
-                               start=unit.start, safe=unit.safe)
+                               start=unit.start, safe=unit.safe,
+                               estimate_trace=lambda tr: estimate_trace(tr, gpu, conf, torch_version=unit.torch_version))
         except _TraceFailed as e:
             rows.append(_failed(unit, gpu, conf, f"at {var}={e.value}: {describe_error(e.error, unit.path)}",
                                 time.perf_counter() - t0))

@@ -123,5 +123,6 @@ class Session:
                 raise ValueError("the largest batch needs --batch-var")
             build = lambda b: self.estimate(b, gpu, conf)  # noqa: E731
             start = self.batch or 1
-            self.searches[(gpu, conf)] = max_batch(build, start=start, limit=max(limit, start))
+            family = lambda tr: estimate_trace(tr, gpu, conf)  # noqa: E731 - values between two traces
+            self.searches[(gpu, conf)] = max_batch(build, start=start, limit=max(limit, start), estimate_trace=family)
         return self.searches[(gpu, conf)].value

@@ -1,0 +1,98 @@
+"""Traces at any batch size from two (xmem_engine/batch_family.py), and the largest-batch search
+that uses them (batch_search.max_batch with estimate_trace): the answer is the real search's,
+from fewer traces, and a step whose requests change with the batch is caught and traced."""
+
+from __future__ import annotations
+
+import pytest
+
+from xmem_engine.batch_family import BatchFamily, NotAffine, same_trace
+from xmem_engine.estimate import estimate, estimate_trace, max_batch
+from xmem_engine.tracing import trace
+
+A100 = {"name": "NVIDIA A100-SXM4-40GB", "total_memory": 42_505_273_344, "major": 8, "minor": 0,
+        "multi_processor_count": 108}
+
+CNN = """
+import torch, torch.nn as nn, torch.nn.functional as F
+model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                      nn.Linear(32, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+for _ in range(2):
+    x = torch.randn(BATCH, 3, 32, 32, device="cuda")
+    F.cross_entropy(model(x), torch.randint(0, 10, (BATCH,), device="cuda")).backward()
+    opt.step(); opt.zero_grad()
+"""
+ATTENTION = """
+import torch, torch.nn as nn, torch.nn.functional as F
+qkv, out = nn.Linear(64, 192).cuda(), nn.Linear(64, 64).cuda()
+opt = torch.optim.AdamW(list(qkv.parameters()) + list(out.parameters()))
+for _ in range(2):
+    x = torch.randn(BATCH, 32, 64, device="cuda")
+    q, k, v = qkv(x).view(BATCH, 32, 3, 4, 16).permute(2, 0, 3, 1, 4)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(BATCH, 32, 64)
+    out(y).square().mean().backward()
+    opt.step(); opt.zero_grad()
+"""
+# the step's own branch on the batch size: above 600 it keeps one more buffer
+BRANCH = """
+import torch
+w = torch.zeros(256, 256, device="cuda", requires_grad=True)
+x = torch.randn(BATCH, 256, device="cuda")
+keep = torch.empty(BATCH * 64, 256, device="cuda") if BATCH > 600 else None
+(x @ w).square().sum().backward()
+"""
+
+
+def _trace(src: str, b: int):
+    return trace(src.replace("BATCH", str(b)), {}, mode="fake", device=A100)
+
+
+MLP = """
+import torch, torch.nn as nn
+model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(2):
+    model(torch.randn(BATCH, 512, device="cuda")).square().mean().backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("src", [CNN, MLP], ids=["cnn", "mlp"])
+def test_the_family_of_two_traces_is_the_real_trace_at_other_batch_sizes(src):
+    fam = BatchFamily.fit(8, _trace(src, 8), 16, _trace(src, 16))
+    for b in (8, 16, 12, 24, 40):
+        assert same_trace(fam.trace_at(b), _trace(src, b)), b
+
+
+def test_a_step_that_branches_on_the_batch_is_no_family_across_the_branch():
+    lo = BatchFamily.fit(8, _trace(BRANCH, 8), 16, _trace(BRANCH, 16))
+    assert same_trace(lo.trace_at(500), _trace(BRANCH, 500))
+    assert not same_trace(lo.trace_at(700), _trace(BRANCH, 700))  # the branch: a request more
+    with pytest.raises(NotAffine, match="events"):
+        BatchFamily.fit(500, _trace(BRANCH, 500), 700, _trace(BRANCH, 700))
+
+
+# the CNN's requests are one family at every batch size: two traces, and the answer's two checks.
+# Attention's change with the batch (its reductions' buffers by size), and the branch's at 600:
+# the search fits a family again where it missed, and never traces more than the real search.
+@pytest.mark.parametrize("src, start, most", [(CNN, 32, 4), (ATTENTION, 16, 24), (BRANCH, 64, 26)],
+                         ids=["cnn", "attention", "branch"])
+def test_the_largest_batch_is_the_real_searchs_from_fewer_traces(src, start, most):
+    def searched(family: bool):
+        built: list[int] = []
+
+        def build(v: int):
+            built.append(v)
+            return estimate(src.replace("BATCH", str(v)), "T4", mode="fake")
+
+        fam = (lambda tr: estimate_trace(tr, "T4")) if family else None
+        return max_batch(build, start=start, estimate_trace=fam), built
+
+    (real, real_built), (fam, fam_built) = searched(False), searched(True)
+    assert fam.value == real.value > 0 and fam.unbounded == real.unbounded == ""
+    assert fam.estimate.peak_device_bytes == real.estimate.peak_device_bytes
+    assert fam.estimate.trace.meta.get("batch_family") is None  # the answer was traced for real
+    assert {fam.value, fam.value + 1} <= set(fam.traced) == set(fam_built)
+    assert len(fam_built) <= most < len(real_built), (len(fam_built), len(real_built), fam.family)
