@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium, run_all_in_lab, write_notebook
+from test_compile_toggle import COMPILED_STEP
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
@@ -36,19 +37,7 @@ pytestmark = [pytest.mark.slow, needs_chromium,
 
 CELLS = [
     "%load_ext xmem_jupyter",
-    """%%xmem --gpu H100-SXM-80GB
-import torch, torch.nn as nn, torch.nn.functional as F
-class MLP(nn.Module):
-    def __init__(s):
-        super().__init__(); s.l1 = nn.Linear(1024, 4096); s.l2 = nn.Linear(4096, 1024)
-    def forward(s, x):
-        return s.l2(F.gelu(s.l1(x)) * 2 + 1)
-model = torch.compile(MLP().cuda())
-opt = torch.optim.AdamW(model.parameters())
-x = torch.randn(4096, 1024, device="cuda")
-model(x).square().mean().backward()
-opt.step()
-opt.zero_grad()""",
+    "%%xmem --gpu H100-SXM-80GB\n" + COMPILED_STEP.rstrip("\n"),
 ]
 
 

@@ -12,27 +12,22 @@ import pytest
 pytest.importorskip("ipywidgets")
 pytest.importorskip("jupyter_bokeh")
 
+from test_torch_compile import POINTWISE_MLP  # noqa: E402
 from xmem_engine.tracing.torch_compile import compile_unavailable  # noqa: E402
 from xmem_jupyter.flame import human  # noqa: E402
 from xmem_jupyter.session import Session  # noqa: E402
 from xmem_jupyter.widget import XmemWidget  # noqa: E402
 
 GPU = "H100-SXM-80GB"
-CELL = """
-import torch, torch.nn as nn, torch.nn.functional as F
-class MLP(nn.Module):
-    def __init__(s):
-        super().__init__(); s.l1 = nn.Linear(1024, 4096); s.l2 = nn.Linear(4096, 1024)
-    def forward(s, x):
-        return s.l2(F.gelu(s.l1(x)) * 2 + 1)
-model = torch.compile(MLP().cuda())
+# one compiled training step (also the browser test's cell: tests/test_browser_compile.py)
+COMPILED_STEP = POINTWISE_MLP + """model = torch.compile(MLP().cuda())
 opt = torch.optim.AdamW(model.parameters())
 x = torch.randn(4096, 1024, device="cuda")
 model(x).square().mean().backward()
 opt.step()
 opt.zero_grad()
-steps += 1
 """
+CELL = "\n" + COMPILED_STEP + "steps += 1\n"
 needs_inductor = pytest.mark.skipif(compile_unavailable() is not None,
                                     reason=f"Inductor cannot compile for CUDA here: {compile_unavailable()}")
 

@@ -219,14 +219,15 @@ def test_dynamo_optimize_compiles_as_torch_compile_does():
     assert got == forward + backward
 
 
-FUSABLE = """
-import torch, torch.nn as nn, torch.nn.functional as F
+# an MLP whose pointwise chain after l1 (gelu, *2, +1) Inductor fuses (also tests/test_compile_toggle.py)
+POINTWISE_MLP = """import torch, torch.nn as nn, torch.nn.functional as F
 class MLP(nn.Module):
     def __init__(s):
         super().__init__(); s.l1 = nn.Linear(1024, 4096); s.l2 = nn.Linear(4096, 1024)
     def forward(s, x):
         return s.l2(F.gelu(s.l1(x)) * 2 + 1)
-batch_size = 4096
+"""
+FUSABLE = "\n" + POINTWISE_MLP + """batch_size = 4096
 model = MLP().cuda()
 opt = torch.optim.AdamW(model.parameters())
 for i in range(2):

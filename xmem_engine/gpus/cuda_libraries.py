@@ -216,8 +216,9 @@ def gemms_into(trace: Trace) -> dict[int, list[TraceEvent]]:
     out: dict[int, list[TraceEvent]] = {}
     events = trace.events
     for n, op, dtype, shape, phase, stream, module, source, iteration in trace.meta.get("gemm_into") or []:
-        out.setdefault(id(events[n - 1]) if 0 < n <= len(events) else 0, []).append(TraceEvent(ALLOC, op=op, dtype=dtype, shape=tuple(shape), phase=phase,
-                                                stream=stream, module=module, source=source, iteration=iteration))
+        gemm = TraceEvent(ALLOC, op=op, dtype=dtype, shape=tuple(shape), phase=phase, stream=stream, module=module,
+                          source=source, iteration=iteration)
+        out.setdefault(id(events[n - 1]) if 0 < n <= len(events) else 0, []).append(gemm)
     return out
 
 

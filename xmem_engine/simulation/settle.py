@@ -29,6 +29,11 @@ def _signature(e: TraceEvent) -> tuple:
     return (e.bytes, e.op, str(e.category), e.module, e.dtype, tuple(e.shape), e.stream)
 
 
+def _later(e: TraceEvent, k: int, **changes: int) -> TraceEvent:
+    """``e`` as the ``k``-th repeat of its pass makes it: its iteration ``k`` later."""
+    return replace(e, iteration=e.iteration + k if e.iteration >= 0 else e.iteration, **changes)
+
+
 def repeated(events: list[TraceEvent], start: int, end: int, times: int) -> list[TraceEvent] | None:
     """``events`` with ``events[start:end]`` (one whole pass over the step) run ``times`` more
     times after it; None where the pass is not periodic (module docstring)."""
@@ -53,7 +58,7 @@ def repeated(events: list[TraceEvent], start: int, end: int, times: int) -> list
         successor[old.id] = pool.pop(match).id
     next_id = max((e.id for e in events), default=0) + 1
     out = list(events[:end])
-    previous = {e.id: e.id for e in body if e.kind == ALLOC}  # this pass's objects, as the last pass made them
+    previous: dict[int, int] = {}  # this pass's objects -> the ids the last repeat gave them
     carry = dict(successor)  # carried-in id -> the object the last pass left in its place
     for k in range(1, times + 1):
         fresh: dict[int, int] = {}
@@ -61,27 +66,22 @@ def repeated(events: list[TraceEvent], start: int, end: int, times: int) -> list
             if e.kind == ALLOC:
                 fresh[e.id] = next_id
                 next_id += 1
-                out.append(replace(e, id=fresh[e.id], iteration=e.iteration + k if e.iteration >= 0 else e.iteration))
+                out.append(_later(e, k, id=fresh[e.id]))
             elif e.kind in (FREE, RECORD_STREAM) and e.id >= 0:
-                if e.id in inside:
-                    target = fresh.get(e.id, previous.get(e.id))
-                else:
-                    target = carry.get(e.id)
+                target = fresh.get(e.id) if e.id in inside else carry.get(e.id)
                 if target is None:  # freed before it was made in this pass: not periodic
                     return None
                 out.append(replace(e, id=target))
             else:
-                out.append(replace(e, iteration=e.iteration + k if e.iteration >= 0 else e.iteration))
+                out.append(_later(e, k))
         carry = {old: fresh[new] for old, new in successor.items()}
         previous = fresh
     out.extend(events[end:])
-    # the objects the last pass left live are freed where the traced ones were (the code's end)
-    last = {orig: previous[orig] for orig in previous}
-    tail_start = end + len(body) * times
-    for i in range(tail_start, len(out)):
+    # the objects the last repeat left live are freed where the traced ones were (the code's end)
+    for i in range(end + len(body) * times, len(out)):
         e = out[i]
-        if e.kind in (FREE, RECORD_STREAM) and e.id in inside and e.id in last:
-            out[i] = replace(e, id=last[e.id])
+        if e.kind in (FREE, RECORD_STREAM) and e.id in previous:
+            out[i] = replace(e, id=previous[e.id])
     return out
 
 
