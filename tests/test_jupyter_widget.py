@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("ipywidgets")
 pytest.importorskip("jupyter_bokeh")
 
-from xmem_engine.estimate import REPORT_MIME, BatchSearch  # noqa: E402
+from xmem_engine.batch_family import same_trace  # noqa: E402
+from xmem_engine.estimate import REPORT_MIME, BatchSearch, estimate_trace  # noqa: E402
 from xmem_jupyter.bokeh_loader import bokeh_loader  # noqa: E402
 from xmem_jupyter.report import report_bundle, summary_html, verdict_html  # noqa: E402
 from xmem_jupyter.session import Session, with_expandable  # noqa: E402
@@ -67,9 +68,8 @@ def test_gpu_switch_resimulates_and_updates_everything(session):
     assert session.traces == traces_before
     assert any(m.get("msg") == "patch" for m in sent)
     assert json.dumps(w.bokeh.render_bundle) == bundle_before
-    # a moment later the kernel's copy follows, quietly (a reloaded page draws this one)
-    w._refresh.join(5)
-    assert json.dumps(w.bokeh.render_bundle) != bundle_before
+    # the kernel's copy follows when the state is asked for (a reloaded page draws this one)
+    assert json.dumps(w.bokeh.get_state()["render_bundle"]) != bundle_before
     from xmem_jupyter.charts import legend_labels
     from xmem_jupyter.timeline import build_timeline
 
@@ -92,6 +92,8 @@ def test_expandable_toggle_reports_what_it_saves(session):
 @pytest.mark.parametrize("threaded", [False, True], ids=["main-thread", "threaded"])
 def test_batch_slider_retraces_and_caches(session, threaded):
     session.traces.pop(64, None)
+    session.family, session.family_note = None, ""
+    session.derived_traces.clear()
     session.estimates = {k: v for k, v in session.estimates.items() if k[0] != 64}
     w = XmemWidget(session.estimate(32, "A100-SXM4-40GB"), session=session, threaded=threaded)
     assert w.batch_slider is not None and list(w.batch_slider.options) == [16, 32, 64]
@@ -106,6 +108,42 @@ def test_batch_slider_retraces_and_caches(session, threaded):
     w.batch_slider.value = 32  # cached: no trace
     assert session.traces == traces_before and w.est.peak_allocated_bytes == peak32
     assert session.namespace == ns_before == {"batch": 32, "_": 1}  # the slider never writes to the user's namespace
+
+
+def test_after_two_traces_the_slider_takes_the_batch_family_without_tracing():
+    s = Session(source=CELL, namespace={}, gpus=["A100-SXM4-40GB"], batch_var="batch", batch=32,
+                batch_values=[16, 32, 48, 64])
+    w = XmemWidget(s.estimate(32, "A100-SXM4-40GB"), session=s, threaded=False)
+    w.batch_slider.value = 64  # the second batch size: traced
+    assert sorted(s.traces) == [32, 64] and "was not traced" not in " ".join(w.est.notes)
+    charts = w.charts
+    w.batch_slider.value = 48  # the family of 32 and 64: no code run
+    assert sorted(s.traces) == [32, 64] and w.batch == 48
+    assert w.charts is charts  # the same events: the charts' data is patched, not rebuilt and resent
+    assert any("batch size 48 was not traced" in n for n in w.est.notes)
+    real = estimate_trace(s.fresh_trace(48), "A100-SXM4-40GB")
+    assert same_trace(w.est.trace, real.trace)
+    assert (w.est.peak_allocated_bytes, w.est.peak_reserved_bytes) == (real.peak_allocated_bytes,
+                                                                       real.peak_reserved_bytes)
+    w.batch_slider.value = 16  # below both: the family still
+    assert sorted(s.traces) == [32, 64] and w.est.peak_allocated_bytes < real.peak_allocated_bytes
+
+
+def test_a_real_trace_the_family_does_not_make_ends_the_family():
+    cell = ("import torch\nbatch = 8\nw = torch.zeros(256, 256, device='cuda', requires_grad=True)\n"
+            "x = torch.randn(batch, 256, device='cuda')\n"
+            "keep = torch.empty(batch * 64, 256, device='cuda') if batch > 600 else None\n"
+            "(x @ w).square().sum().backward()\n")
+    s = Session(source=cell, namespace={}, gpus=["T4"], batch_var="batch", batch=8, batch_values=[8, 16])
+    s.estimate(8, "T4"), s.estimate(16, "T4")
+    wrong = s.estimate(700, "T4")  # the family's: it misses the branch
+    assert s.family is not None and wrong.trace.meta.get("batch_family")
+    right = s.estimate(700, "T4", real=True)
+    assert right.peak_allocated_bytes > wrong.peak_allocated_bytes
+    assert s.family is None and "not the real trace at 700" in s.family_note
+    assert s.estimate(700, "T4") is right
+    s.estimate(300, "T4")
+    assert 300 in s.traces  # traced: no family any more
 
 
 def test_largest_batch_readout():

@@ -156,6 +156,17 @@ class BatchFamily:
         return Trace(events=events, mode=self.mode, seconds=0.0, meta=meta)
 
 
+def family_note(meta: dict) -> str | None:
+    """The estimate's note for a trace :meth:`BatchFamily.trace_at` made (None for a real one)."""
+    fam = meta.get("batch_family")
+    if not fam:
+        return None
+    (b0, b1), at = fam["from"], fam["at"]
+    return (f"batch size {at} was not traced: the traces at {b0} and {b1} make the same requests, each "
+            f"size a straight line in the batch size, and this is that line at {at}; a step that changes with "
+            f"the batch size (a kernel chosen by size, a branch) shows only in a trace of its own")
+
+
 def same_trace(a: Trace, b: Trace) -> bool:
     """Whether two traces make the same requests with the same records (what an estimate reads)."""
     if len(a.events) != len(b.events) or any(_event_row(x) != _event_row(y) for x, y in zip(a.events, b.events)):

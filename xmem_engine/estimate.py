@@ -399,6 +399,10 @@ def estimate_trace(
             f"({target.compute_capability[0]}.{target.compute_capability[1]}) it may pick another: "
             f"estimate for this GPU directly for its own choice"]
     traced_notes = [str(n) for n in tr.meta.get("notes", ())]
+    if tr.meta.get("batch_family"):
+        from xmem_engine.batch_family import family_note
+
+        traced_notes.append(family_note(tr.meta))
     fixed = fixed_memory_of(target, tr, process_group=NCCL_NOTE in traced_notes)
     outside = fixed.library_bytes
     limit = allocator_limit(target, outside)

@@ -83,6 +83,14 @@ class Charts:
     peak_label: Label
     legend_items: dict[str, LegendItem]
     step_label: Label | None = None  # "step 2 starts": where the first step ends (None: one step)
+    shape: tuple = ()  # chart_shape() of what it draws: data of the same shape is updated in place
+    flame_fig: object = None
+
+    def takes(self, fl: FlameData, tl: TimelineData) -> bool:
+        """Whether ``fl`` and ``tl`` can replace the data drawn, models kept: the same events at
+        the same places (phases, iterations, tensors, categories), only sizes differ, as in
+        another GPU's estimate or another batch size's trace from the batch family."""
+        return chart_shape(fl, tl) == self.shape
 
     def update_timeline(self, tl: TimelineData) -> None:
         """New allocated/reserved lines and limits (a GPU or allocator change)."""
@@ -100,6 +108,14 @@ class Charts:
 
     def update_flame(self, fl: FlameData) -> None:
         self.flame_source.data = {c: fl.columns[c] for c in DRAWN}
+        self.peak_label.x, self.peak_label.y = fl.peak_x, fl.peak_bytes / fl.scale
+        self.flame_fig.yaxis.axis_label = f"live memory ({fl.unit})"
+
+
+def chart_shape(fl: FlameData, tl: TimelineData) -> tuple:
+    """What fixes the charts' models (not their data): see :meth:`Charts.takes`."""
+    return (fl.x_end, fl.n_tensors, tuple(sorted(set(fl.columns["category"]))), tuple(tl.phases),
+            tuple(tl.iterations))
 
 
 def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
@@ -181,7 +197,7 @@ def build_charts(fl: FlameData, tl: TimelineData, width: int = 900) -> Charts:
         themed(f)
     layout = column(flame, line, sizing_mode="stretch_width", min_width=MIN_WIDTH, max_width=width)
     return Charts(layout, src, lsrc, limits, peak_flame, peak_line, line, oom, oom_label, peak_label, items,
-                  step_label)
+                  step_label, chart_shape(fl, tl), flame)
 
 
 def legend_labels(tl: TimelineData) -> dict[str, str]:

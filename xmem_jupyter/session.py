@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from xmem_engine.batch_family import BatchFamily, NotAffine, same_trace
 from xmem_engine.simulation.alloc_conf import parse_alloc_conf
 from xmem_engine.estimate import SEARCH_LIMIT, BatchSearch, Estimate, estimate_trace, max_batch, resolve_gpu
 from xmem_engine.trace import Trace
@@ -53,19 +54,67 @@ class Session:
     traces: dict[int | None, Trace] = field(default_factory=dict)
     estimates: dict[tuple, Estimate] = field(default_factory=dict)
     searches: dict[tuple[str, str], BatchSearch] = field(default_factory=dict)  # (gpu, conf) -> the search
+    family: BatchFamily | None = None  # batch sizes not traced: from the first two traces (batch_family.py)
+    family_note: str = ""  # why batch sizes are traced, not derived ("": no reason yet)
+    derived_traces: dict[int, Trace] = field(default_factory=dict, repr=False)  # the family's, by batch size
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
-    def trace(self, batch: int | None, setup: tuple[Callable, ...] = ()) -> Trace:
+    def trace(self, batch: int | None, setup: tuple[Callable, ...] = (), real: bool = False) -> Trace:
         """The trace for ``batch`` (cached). The first trace copies the plain values the cell
         assigned back into the user's namespace; traces for other batch sizes run in a
-        copy, so moving the slider never changes the user's variables."""
+        copy, so moving the slider never changes the user's variables.
+
+        Once two batch sizes are traced in fake mode and their traces are one family (every
+        request an affine function of the batch, ``batch_family.py``), any other batch size
+        is the family's trace, no code run: the slider answers in milliseconds. ``real``
+        traces it anyway (the largest-batch search checks its answer on a real trace); a real
+        trace that is not the family's ends the family, and every later size is traced."""
         with self.lock:
             if batch in self.traces:
                 return self.traces[batch]
+            if not real and (derived := self.derived(batch)) is not None:
+                return derived
             first = not self.traces
             tr = self._run(batch, self.namespace if first else dict(self.namespace), setup=setup)
             self.traces[batch] = tr
+            if self.family is not None and not same_trace(tr, self.family.trace_at(batch) or Trace()):
+                self.family_note = (f"the traces at {self.family.b0} and {self.family.b1} are not the real "
+                                    f"trace at {batch}: the step changes with the batch size")
+                self.family = None
+                self.derived_traces.clear()
+                self.estimates = {k: e for k, e in self.estimates.items() if k[0] in self.traces}
             return tr
+
+    def derived(self, batch: int | None) -> Trace | None:
+        """``batch``'s trace from the family of the first two traced batch sizes, where there is
+        one (None: no family yet, none holds, or a size there would be negative)."""
+        if batch is None or not self.batch_var:
+            return None
+        with self.lock:
+            return self._derived(batch)
+
+    def _derived(self, batch: int) -> Trace | None:
+        if self.family is None and not self.family_note:
+            real = [(b, t) for b, t in self.traces.items() if b is not None]
+            if len(real) < 2:
+                return None
+            (b0, t0), (b1, t1) = real[:2]
+            if "fake" != t0.mode or "fake" != t1.mode:
+                self.family_note = "the batch sizes were traced in real mode"
+                return None
+            try:
+                self.family = BatchFamily.fit(b0, t0, b1, t1)
+            except NotAffine as e:
+                self.family_note = f"the traces at {b0} and {b1} are not one family ({e})"
+                return None
+        if self.family is None:
+            return None
+        if batch not in self.derived_traces:
+            tr = self.family.trace_at(batch)
+            if tr is None:
+                return None
+            self.derived_traces[batch] = tr
+        return self.derived_traces[batch]
 
     def fresh_trace(self, batch: int | None, gpu: str | None = None) -> Trace:
         """The cell for ``batch`` traced again in a copy of the namespace, for ``gpu`` (default:
@@ -93,17 +142,20 @@ class Session:
         eagerly), its own traces and estimates; it traces in a copy of the namespace, so the
         widget's compile toggle never changes the user's variables."""
         return replace(self, compile=compile, namespace=dict(self.namespace), traces={}, estimates={},
-                       searches={}, lock=threading.RLock())
+                       searches={}, family=None, family_note="", derived_traces={}, lock=threading.RLock())
 
     def estimate(self, batch: int | None, gpu: str, conf: str | None = None,
-                 setup: tuple[Callable, ...] = ()) -> Estimate:
-        """The estimate for ``batch`` on ``gpu`` with allocator setting ``conf`` (cached)."""
+                 setup: tuple[Callable, ...] = (), real: bool = False) -> Estimate:
+        """The estimate for ``batch`` on ``gpu`` with allocator setting ``conf`` (cached);
+        ``real``: from a real trace, not the batch family's (:meth:`trace`)."""
         conf = self.alloc_conf if conf is None else conf
         key = (batch, gpu, conf)
+        if key in self.estimates and real and batch not in self.traces:
+            del self.estimates[key]  # the family's
         if key not in self.estimates:
             t0 = time.perf_counter()
             fresh = batch not in self.traces
-            tr = self.trace(batch, setup)
+            tr = self.trace(batch, setup, real=real)
             self.estimates[key] = estimate_trace(tr, gpu, conf, started=t0 if fresh else None)
         return self.estimates[key]
 
@@ -121,7 +173,7 @@ class Session:
         if (gpu, conf) not in self.searches:
             if not self.batch_var:
                 raise ValueError("the largest batch needs --batch-var")
-            build = lambda b: self.estimate(b, gpu, conf)  # noqa: E731
+            build = lambda b: self.estimate(b, gpu, conf, real=True)  # noqa: E731
             start = self.batch or 1
             family = lambda tr: estimate_trace(tr, gpu, conf)  # noqa: E731 - values between two traces
             self.searches[(gpu, conf)] = max_batch(build, start=start, limit=max(limit, start), estimate_trace=family)

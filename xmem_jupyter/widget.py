@@ -61,6 +61,25 @@ WIDGET_CSS = (
 )
 
 
+class ChartsModel(BokehModel):
+    """The charts' widget. Changes reach the browser as Bokeh patches; the whole document in
+    the widget's state (what a reloaded page draws) is serialised again only when the state
+    is asked for: 0.4 s each time, which after every patch held up the next slider move."""
+
+    def __init__(self, model, lock: threading.RLock, **kwargs) -> None:
+        self.stale = False  # patched since render_bundle was made
+        self._lock = lock  # the widget's: the document changes in its background thread
+        super().__init__(model, **kwargs)
+
+    def get_state(self, key=None, drop_defaults=False):
+        if self.stale and (key is None or "render_bundle" in ([key] if isinstance(key, str) else key)):
+            with self._lock:
+                self.stale = False
+                # set in the value store, not through the trait: a change would re-send it all
+                self._trait_values["render_bundle"] = self._model_to_traits(self._model)
+        return super().get_state(key, drop_defaults)
+
+
 def _descendants(w: widgets.Widget):
     yield w
     for c in getattr(w, "children", ()):
@@ -94,7 +113,6 @@ class XmemWidget(widgets.VBox):
         self._flame_key: tuple | None = None
         self._busy = threading.Lock()
         self._doc_lock = threading.RLock()  # Bokeh document: mutated by show(), read by the refresh
-        self._refresh: threading.Timer | None = None
 
         catalog = load_catalog()
         chosen = list(dict.fromkeys(gpus or (session.gpus if session else [est.gpu])))
@@ -194,7 +212,7 @@ class XmemWidget(widgets.VBox):
         self.flame: FlameData = self._flame_for(est)
         tl = build_timeline(est, self.flame.x_end)
         self.charts: Charts = build_charts(self.flame, tl, width=width)
-        self.bokeh = BokehModel(self.charts.layout, layout=widgets.Layout(width="100%", max_width=f"{width + 40}px",
+        self.bokeh = ChartsModel(self.charts.layout, self._doc_lock, layout=widgets.Layout(width="100%", max_width=f"{width + 40}px",
                                                                            overflow="auto hidden"))
         self.bokeh.add_class("xmem-charts")
         # the charts in words: a screen reader's text, and the labels the lab extension gives them
@@ -220,6 +238,9 @@ class XmemWidget(widgets.VBox):
     # ----------------------------------------------------------------- estimates
     def _estimate(self, batch: int | None, gpu: str, conf: str) -> Estimate:
         key = (batch, gpu, conf)
+        if key in self._cache and self.session is not None and batch not in self.session.traces \
+                and key not in self.session.estimates:
+            del self._cache[key]  # from the batch family, which a real trace since ended (session.py)
         if key not in self._cache:
             if self.session is not None:
                 self._cache[key] = self.session.estimate(batch, gpu, conf)
@@ -245,17 +266,22 @@ class XmemWidget(widgets.VBox):
         """Make ``est`` the displayed estimate (``follow``: the saved report follows it; not for a
         lever's estimate viewed from the advice panel, which is not the cell's).
 
-        Same trace (a GPU or allocator change): the changed data goes to the browser as Bokeh
-        patches, a few milliseconds. New trace (another batch size): the charts are rebuilt
-        and sent whole, which also refreshes the Bokeh document kept in saved widget state.
+        Data of the same shape (a GPU or allocator change; another batch size from the batch
+        family: the same events, other sizes): the changed data goes to the browser as Bokeh
+        patches, a few milliseconds. Otherwise (a new trace of another shape): the charts are
+        rebuilt and sent whole, which also refreshes the Bokeh document kept in saved widget state.
         """
         t0 = time.perf_counter()
         new_trace = est.trace is not self.est.trace
         self.est = est
+        # the figures first: they reach the page before the charts' data, which takes longer to draw
+        self.headline.value = verdict_html(est)
+        self.breakdown.value = breakdown_html(est)
+        self.fixed_memory.value = fixed_memory_html(est)
         flame = self._flame_for(est)
         timeline = build_timeline(est, flame.x_end)
         with self._doc_lock:
-            if new_trace:
+            if new_trace and not self.charts.takes(flame, timeline):
                 doc = self.charts.layout.document
                 if doc is not None:
                     doc.remove_on_change(self.bokeh)  # the new document is sent once, whole
@@ -263,36 +289,22 @@ class XmemWidget(widgets.VBox):
                 self.charts = build_charts(flame, timeline, width=self.width)
                 self.bokeh.update_from_model(self.charts.layout)
             else:
-                if flame is not self.flame:  # cuBLAS workspaces of another size: same bars otherwise
-                    self.flame = flame
-                    self.charts.update_flame(flame)
-                self.charts.update_timeline(timeline)
-                self._schedule_refresh()
-        self.headline.value = verdict_html(est)
-        self.breakdown.value = breakdown_html(est)
-        self.fixed_memory.value = fixed_memory_html(est)
+                doc = self.charts.layout.document
+                if doc is not None:
+                    doc.hold("combine")  # one patch per changed property, sent together
+                try:
+                    if flame is not self.flame:  # another trace, or cuBLAS workspaces of another size
+                        self.flame = flame
+                        self.charts.update_flame(flame)
+                    self.charts.update_timeline(timeline)
+                finally:
+                    if doc is not None:
+                        doc.unhold()
+                self.bokeh.stale = True
         self._refresh_text()
         self.last_switch.update_s = time.perf_counter() - t0
         if follow and self.on_change is not None:
             self.on_change(est)
-
-    def _schedule_refresh(self, delay: float = 0.8) -> None:
-        """Refresh the kernel's copy of the Bokeh document once the user stops switching."""
-        if self._refresh is not None:
-            self._refresh.cancel()
-        self._refresh = threading.Timer(delay, self.refresh_saved_state)
-        self._refresh.daemon = True
-        self._refresh.start()
-
-    def refresh_saved_state(self) -> None:
-        """Put the document as it is now into ``render_bundle`` without sending it.
-
-        Set in traitlets' value store, not through the trait: a trait change would make the
-        browser re-render everything it already shows. A front end that asks the kernel for
-        the widget's state (a page reload) gets this one.
-        """
-        with self._doc_lock:
-            self.bokeh._trait_values["render_bundle"] = BokehModel._model_to_traits(self.charts.layout)
 
     def _refresh_text(self) -> None:
         est = self.est
@@ -413,7 +425,8 @@ class XmemWidget(widgets.VBox):
         assert self.session is not None
         value = change["new"]
         self._set_entry(value)
-        if (value, self.est.gpu, self.conf) in self._cache or value in self.session.traces:
+        if (value, self.est.gpu, self.conf) in self._cache or value in self.session.traces \
+                or self.session.derived(value) is not None:  # the batch family's: no code to run
             self.batch = value
             self.show(self._estimate(value, self.est.gpu, self.conf))
             return
