@@ -96,3 +96,26 @@ def test_the_largest_batch_is_the_real_searchs_from_fewer_traces(src, start, mos
     assert fam.estimate.trace.meta.get("batch_family") is None  # the answer was traced for real
     assert {fam.value, fam.value + 1} <= set(fam.traced) == set(fam_built)
     assert len(fam_built) <= most < len(real_built), (len(fam_built), len(real_built), fam.family)
+
+
+# a bias's gradient sums 512 rows at batch 4 (one block, no staging buffers) and 1,024 at 8
+# (a two-pass reduction: four events more): the reduction's buffers are not affine in the
+# batch, their plan's sizes are, and the family makes the buffers from the plan
+REDUCTION = """
+import torch, torch.nn as nn
+lin = nn.Linear(768, 768).cuda()
+x = torch.randn(BATCH, 128, 768, device="cuda")
+lin(x).square().mean().backward()
+"""
+
+
+def test_reduction_buffers_are_made_from_their_plans_at_each_batch_size():
+    t4, t8 = _trace(REDUCTION, 4), _trace(REDUCTION, 8)
+    assert len(t4.events) != len(t8.events)  # the staging buffers come and go with the size
+    fam = BatchFamily.fit(4, t4, 8, t8)
+    for b in (12, 40):
+        real = _trace(REDUCTION, b)
+        assert same_trace(fam.trace_at(b), real), b
+        a, r = estimate_trace(fam.trace_at(b), "A100-40GB"), estimate_trace(real, "A100-40GB")
+        assert (a.peak_allocated_bytes, a.peak_reserved_bytes) == (r.peak_allocated_bytes, r.peak_reserved_bytes)
+    assert not same_trace(fam.trace_at(40), _trace(REDUCTION.replace("128, 768", "129, 768"), 40))

@@ -9,6 +9,13 @@ buffers, attention calls). :class:`BatchFamily` takes two traces at batch sizes 
 writes every integer that differs as ``v0 + (v1 - v0) / (b1 - b0) * (b - b0)``: a trace for any
 ``b``, without running the code.
 
+A CUDA reduction's staging buffers are the exception: their launch plan (blocks, splits)
+is not affine in the sizes, so they come and go with the batch (a bias gradient over 512 rows
+needs none, over 1,024 four). A family leaves them out and fits the plans' sizes instead
+(``_collapse``), and makes the buffers from the plans at each ``b`` (``_expand``), as an
+estimate for another GPU does. ``benchmarks/batch_family_zoo.py`` checks the family against
+real traces, event for event, on the zoo.
+
 Where the step's control flow depends on the batch size (a kernel chosen by size, a branch in
 the user's code) the two traces do not match, or a later real trace does not match the
 family's: :func:`same_trace` says so, and the caller traces for real (``batch_search.py`` checks
@@ -110,13 +117,103 @@ def _event_row(e: TraceEvent) -> tuple:
     return tuple(getattr(e, f) for f in _EVENT_FIELDS)
 
 
+_ID = _EVENT_FIELDS.index("id")
+
+
+def _collapse(tr: Trace) -> tuple[list[tuple], dict]:
+    """The trace in a form that does not depend on what its reductions' staging buffers were.
+
+    A CUDA reduction's buffers (``meta["by_sm"]``: events the tracer sized by the GPU's SM
+    count) come from a launch plan that is not affine in the sizes: more blocks, another
+    split. Their events are left out and only their plan's arguments (sizes, affine) kept,
+    with where they stood; ids become the order of first use, and the meta entries that point
+    at events (``gemm_into``, ``repeat_span``: event indices; ``conv_calls``: ids) point at the
+    events kept. :func:`_expand` makes the buffers again from the plans, as an estimate for
+    another GPU does (``cuda_temporaries.resized_by_sm``)."""
+    events, by = tr.events, tr.meta.get("by_sm")
+    groups = sorted(by["groups"], key=lambda g: g[0]) if by else []
+    skip = bytearray(len(events))
+    for g in groups:
+        skip[g[0]:g[0] + g[1]] = b"\x01" * g[1]
+    kept_before, groups_before = [0] * (len(events) + 1), [0] * (len(events) + 1)
+    kept = gi = 0
+    for i in range(len(events) + 1):
+        while gi < len(groups) and groups[gi][0] < i:
+            gi += 1
+        kept_before[i], groups_before[i] = kept, gi
+        if i < len(events) and not skip[i]:
+            kept += 1
+    ids: dict[int, int] = {}
+    rows = []
+    for i, e in enumerate(events):
+        if not skip[i]:
+            row = _event_row(e)
+            if e.id:
+                row = (*row[:_ID], ids.setdefault(e.id, len(ids) + 1), *row[_ID + 1:])
+            rows.append(row)
+    meta = {k: v for k, v in tr.meta.items() if k not in VOLATILE_META and k != "batch_family"}
+    at = lambda n: [kept_before[n], groups_before[n]]  # noqa: E731 - an index, of events kept and of groups
+    if groups:
+        meta["by_sm"] = {**by, "groups": [[kept_before[g[0]], *g[2:]] for g in groups]}
+    if meta.get("gemm_into"):
+        meta["gemm_into"] = [[at(g[0]), *g[1:]] for g in meta["gemm_into"]]
+    if meta.get("repeat_span"):
+        meta["repeat_span"] = [at(n) for n in meta["repeat_span"]]
+    if meta.get("conv_calls"):
+        meta["conv_calls"] = [[ids.get(i, 0), *rest] for i, *rest in meta["conv_calls"]]
+    return rows, meta
+
+
+def _expand(rows: list[tuple], meta: dict) -> tuple[list[TraceEvent], dict]:
+    """A trace's events and meta from :func:`_collapse`'s form (its reductions' buffers made
+    from their plans, for the GPU it was traced for)."""
+    from xmem_engine.trace import ALLOC, FREE, Category
+    from xmem_engine.tracing.cuda_temporaries import plan_steps
+
+    by = meta.get("by_sm")
+    groups = by["groups"] if by else []
+    events: list[TraceEvent] = []
+    next_id = max((r[_ID] or 0 for r in rows), default=0) + 1
+    expanded, placed, gi = [], [0], 0  # the groups as the trace has them; events of the first g groups
+    for p in range(len(rows) + 1):
+        while gi < len(groups) and groups[gi][0] == p:
+            _, plan, stream, op, module, phase, source, iteration = groups[gi]
+            start, slots = len(events), {}
+            for action, slot, nbytes in plan_steps(plan, by["sm_count"], by["max_threads_per_sm"], by["torch_version"]):
+                if action == "alloc":
+                    slots[slot] = TraceEvent(ALLOC, id=next_id, bytes=nbytes, stream=stream,
+                                             category=Category.TEMPORARY, op=op, module=module, phase=phase,
+                                             dtype="uint8", shape=(nbytes,), source=source, iteration=iteration)
+                    next_id += 1
+                    events.append(slots[slot])
+                else:
+                    a = slots.pop(slot)
+                    events.append(TraceEvent(FREE, id=a.id, bytes=a.bytes, stream=stream, category=a.category,
+                                             op=op, module=module, phase=phase, dtype="uint8", shape=a.shape,
+                                             iteration=iteration))
+            expanded.append([start, len(events) - start, *groups[gi][1:]])
+            placed.append(placed[-1] + len(events) - start)
+            gi += 1
+        if p < len(rows):
+            events.append(TraceEvent(*rows[p]))
+    meta = dict(meta)
+    index = lambda at: at[0] + placed[at[1]]  # noqa: E731
+    if groups:
+        meta["by_sm"] = {**by, "groups": expanded}
+    if meta.get("gemm_into"):
+        meta["gemm_into"] = [[index(g[0]), *g[1:]] for g in meta["gemm_into"]]
+    if meta.get("repeat_span"):
+        meta["repeat_span"] = [index(at) for at in meta["repeat_span"]]
+    return events, meta
+
+
 @dataclass
 class BatchFamily:
     """Traces at any batch size from two real ones (module docstring)."""
 
     b0: int
     b1: int
-    events: list  # per event: its row (a tuple of TraceEvent's fields) or its template
+    events: list  # per event (reductions' buffers left out, _collapse): its row (TraceEvent's fields) or its template
     meta: dict
     mode: str
     kept_meta: dict  # the first trace's volatile entries, as they were
@@ -131,15 +228,11 @@ class BatchFamily:
             b0, t0, b1, t1 = b1, t1, b0, t0
         if t0.mode != t1.mode:
             raise NotAffine(f"traced in {t0.mode} and {t1.mode} mode")
-        if len(t0.events) != len(t1.events):
-            raise NotAffine(f"{len(t0.events):,} vs {len(t1.events):,} events: the step runs differently")
+        (r0, m0), (r1, m1) = _collapse(t0), _collapse(t1)
+        if len(r0) != len(r1):
+            raise NotAffine(f"{len(r0):,} vs {len(r1):,} events: the step runs differently")
         db = b1 - b0
-        rows = []
-        for i, (x, y) in enumerate(zip(t0.events, t1.events)):
-            rx, ry = _event_row(x), _event_row(y)
-            rows.append(rx if rx == ry else _fit(rx, ry, db, f"event {i}"))
-        m0 = {k: v for k, v in t0.meta.items() if k not in VOLATILE_META}
-        m1 = {k: v for k, v in t1.meta.items() if k not in VOLATILE_META}
+        rows = [x if x == y else _fit(x, y, db, f"event {i}") for i, (x, y) in enumerate(zip(r0, r1))]
         return cls(b0, b1, rows, _fit(m0, m1, db, "meta"), t0.mode,
                    {k: v for k, v in t0.meta.items() if k in VOLATILE_META}, [_has_linear(r) for r in rows])
 
@@ -147,8 +240,8 @@ class BatchFamily:
         """The trace at batch size ``b``; None where a size would be negative there."""
         k = b - self.b0
         try:
-            events = [TraceEvent(*(_eval(r, k) if v else r)) for r, v in zip(self.events, self.varies)]
-            meta = _eval(self.meta, k)
+            rows = [_eval(r, k) if v else r for r, v in zip(self.events, self.varies)]
+            events, meta = _expand(rows, _eval(self.meta, k))
         except _Negative:
             return None
         meta.update(self.kept_meta)
@@ -168,8 +261,6 @@ def family_note(meta: dict) -> str | None:
 
 
 def same_trace(a: Trace, b: Trace) -> bool:
-    """Whether two traces make the same requests with the same records (what an estimate reads)."""
-    if len(a.events) != len(b.events) or any(_event_row(x) != _event_row(y) for x, y in zip(a.events, b.events)):
-        return False
-    keys = (set(a.meta) | set(b.meta)) - VOLATILE_META - {"batch_family"}
-    return all(a.meta.get(k) == b.meta.get(k) for k in keys)
+    """Whether two traces make the same requests with the same records (what an estimate
+    reads): compared as :func:`_collapse` has them, so ids may be numbered differently."""
+    return _collapse(a) == _collapse(b)

@@ -1,0 +1,130 @@
+"""Is a step's trace one family in the batch size? Checked on the zoo, event for event.
+
+    .venv-bench/bin/python benchmarks/batch_family_zoo.py [--only NAME ...] [--values 4,8,12,24,40]
+
+``xmem_engine/batch_family.py`` writes the trace at any batch size from two real ones (every
+request an affine function of the batch); the widget's slider, ``--max-batch`` and the
+advisor use it. Here each script is traced for real (fake mode) at five batch sizes; the family
+is fitted on the first two and must equal the real trace at the other three, request for
+request and record for record (``same_trace``: what an estimate reads). Per script it prints
+whether the batch is affine there, and where not, why: the two traces differ in their ops
+(``NotAffine``, with the first place), or the family misses a real trace (the first event
+that differs). The scripts are the ground-truth workloads (``benchmarks/workloads``, their
+``batch_size``) and zoo scripts (``benchmarks/zoo``) whose batch is a variable or a literal
+this benchmark rewrites (a detection model's image count, an LSTM's sentence count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from xmem_engine.trace import TraceEvent  # noqa: E402
+from xmem_engine.batch_family import BatchFamily, NotAffine, _collapse, _event_row, same_trace  # noqa: E402
+
+GPU = "A100-SXM4-80GB"
+_EVENT_FIELDS = [f.name for f in fields(TraceEvent)]
+# name -> (script, the batch variable, or the literal texts to rewrite with the batch size as {B})
+SCRIPTS: dict[str, tuple[str, str | list[tuple[str, str]]]] = {
+    "resnet50": ("workloads/resnet50.py", "batch_size"),
+    "mobilenetv2": ("workloads/mobilenetv2.py", "batch_size"),
+    "vit": ("workloads/vit.py", "batch_size"),
+    "bert": ("workloads/bert.py", "batch_size"),
+    "gpt2": ("workloads/gpt2.py", "batch_size"),
+    "grad_accumulation (resnet50)": ("zoo/grad_accumulation.py", "micro_batch"),
+    "hf_t5_seq2seq": ("zoo/hf_t5_seq2seq.py", "batch_size"),
+    "lstm_tagger": ("zoo/lstm_tagger.py", [("(64,)", "({B},)"), ("torch.zeros(64,", "torch.zeros({B},")]),
+    "gru_classifier": ("zoo/gru_classifier.py", [("(200, 128)", "(200, {B})"), ("(128,)", "({B},)")]),
+    "tv_fasterrcnn": ("zoo/tv_fasterrcnn.py", [("for _ in range(4)", "for _ in range({B})")]),
+}
+
+
+def traced(path: Path, how, b: int):
+    from xmem_engine.estimate import resolve_gpu
+    from xmem_engine.tracing import trace_script
+
+    source = path.read_text()
+    overrides = None
+    if isinstance(how, str):
+        overrides = {how: str(b)}
+    else:
+        for old, new in how:
+            if old not in source:
+                raise SystemExit(f"{path.name}: no {old!r} to rewrite")
+            source = source.replace(old, new.format(B=b))
+    return trace_script(path, mode="fake", overrides=overrides, source=source,
+                        device=resolve_gpu(GPU).properties())
+
+
+def first_difference(a, b) -> str:
+    if len(a.events) != len(b.events):
+        return f"{len(a.events):,} vs {len(b.events):,} events"
+    for i, (x, y) in enumerate(zip(a.events, b.events)):
+        if _event_row(x) != _event_row(y):
+            return f"event {i} ({x.op or x.kind}): {x.bytes} vs {y.bytes} bytes"
+    return "the records beside the events differ"
+
+
+def first_other_op(a, b) -> str:
+    """Where two traces' ops part (their reductions' buffers left out, as the family has them)."""
+    (ra, _), (rb, _) = _collapse(a), _collapse(b)
+    kind, op, source = (_EVENT_FIELDS.index(f) for f in ("kind", "op", "source"))
+    for i, (x, y) in enumerate(zip(ra, rb)):
+        if (x[kind], x[op]) != (y[kind], y[op]):
+            where = lambda r: str(r[source]).replace(f"{ROOT}/", "")  # noqa: E731
+            return f"; first at event {i}: {x[kind]} {x[op]} ({where(x)}) vs {y[kind]} {y[op]} ({where(y)})"
+    return ""
+
+
+def check(name: str, values: list[int]) -> tuple[str, str, float]:
+    script, how = SCRIPTS[name]
+    path = ROOT / "benchmarks" / script
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):  # the scripts' own prints
+        traces = {b: traced(path, how, b) for b in values}
+    seconds = time.perf_counter() - t0
+    b0, b1, *rest = values
+    try:
+        fam = BatchFamily.fit(b0, traces[b0], b1, traces[b1])
+    except NotAffine as e:
+        return "no", f"{b0} and {b1} are not one family: {e}{first_other_op(traces[b0], traces[b1])}", seconds
+    for b in rest:
+        derived = fam.trace_at(b)
+        if derived is None:
+            return "no", f"a size would be negative at {b}", seconds
+        if not same_trace(derived, traces[b]):
+            return "no", f"the family of {b0} and {b1} is not the real trace at {b}: " \
+                         f"{first_difference(derived, traces[b])}", seconds
+    n = len(traces[b0].events)
+    return "yes", f"{n:,} events, the family equals the real trace at {', '.join(map(str, rest))}", seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", default=None, help="script names (default: all)")
+    ap.add_argument("--values", default="4,8,12,24,40", help="the batch sizes: the family is fitted on the first two")
+    args = ap.parse_args()
+    values = [int(v) for v in args.values.split(",")]
+    print(f"| script | affine in the batch | why / what was checked | seconds for {len(values)} traces |")
+    print("|---|---|---|---|")
+    for name in args.only or SCRIPTS:
+        try:
+            verdict, why, seconds = check(name, values)
+        except ModuleNotFoundError as e:
+            verdict, why, seconds = "skipped", f"needs {e.name} (make bench-setup)", 0.0
+        except Exception as e:  # a script that fails to trace is a row, not the end of the table
+            verdict, why, seconds = "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", 0.0
+        print(f"| {name} | {verdict} | {why} | {seconds:.1f} |", flush=True)
+        gc.collect()
+
+
+if __name__ == "__main__":
+    main()
