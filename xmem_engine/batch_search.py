@@ -10,6 +10,7 @@ Estimate = Any  # an estimate.Estimate, or anything with .fits, .fits_safely, .p
 
 SEARCH_LIMIT = 1 << 40  # far above any GPU: a variable that still fits there does not bound memory
 REAL_MODE_REACH = 16  # a real-mode search goes at most this far above its start: real CPU tensors
+BRACKET_REACH = 64  # the guessed second trace goes at most this far above the first
 MAX_FAMILIES = 4  # families of traces a search fits before it traces every value it tries
 
 
@@ -76,10 +77,13 @@ def max_batch(
     cannot exhaust the host's memory.
 
     ``estimate_trace`` (a trace -> its estimate, for the same GPU and settings as ``build``):
-    after two values are traced, the others the search tries are estimated from traces of the
-    two's family (``batch_family.py``), no code run; the answer and the value above it are then
-    traced for real and must be the family's, request for request, or the search starts over
-    with real traces only (``BatchSearch.family`` says which happened).
+    the second value traced is a guess just past the answer (``_bracket``: the per-sample
+    bytes at ``start``'s peak against the room left), and every other value the search tries
+    is estimated from the two traces' family (``batch_family.py``), no code run. An answer
+    between the two (it and the value above it) is the family's: two traces in all. An answer
+    outside them is traced for real, and the value above it, and they must be the family's,
+    request for request, or a family is fitted there, or the search starts over with real
+    traces only (``BatchSearch.family`` says which happened).
     """
     real: dict[int, Estimate] = {}
 
@@ -119,11 +123,23 @@ def max_batch(
         trace = family[0].trace_at(v) if family else None
         return built(v) if trace is None else estimate_trace(trace)
 
+    # the second trace where the answer should be, just past it: the family then reaches the
+    # answer between two real traces (the first two values doubling would try, else)
+    other = _bracket(built(max(1, min(start, limit))), max(1, min(start, limit)), limit)
+    if other is not None:
+        built(other)
+        pair[:] = [max(1, min(start, limit)), other]
+        tried.add(tuple(pair))
+        fit()
     search = _search(guessed, start, limit, safe, {})
     for _ in range(MAX_FAMILIES):
         if not family:
             break
         ends = [search.value] + ([search.value + 1] if not search.unbounded and search.value < limit else [])
+        if all(min(pair) <= v <= max(pair) for v in ends):
+            # between two real traces of one family: every op matched at both, sizes affine
+            search.family = "; ".join(dropped + [f"fitted on {min(pair)} and {max(pair)}: the answer between them"])
+            return _with_real(search, real)
         wrong = next((v for v in ends if v >= 1 and v not in real
                       and not same_trace(built(v).trace, family[0].trace_at(v))), None)
         if wrong is None:
@@ -142,6 +158,28 @@ def max_batch(
     search = _search(built, start, limit, safe, real)
     search.family = "; ".join(dropped)
     return _with_real(search, real)
+
+
+#: the categories that grow with the batch (the others: the model's and optimizer's, fixed)
+PER_SAMPLE = ("activation", "temporary", "input")
+
+
+def _bracket(first: Estimate, start: int, limit: int) -> int | None:
+    """A batch size just past the answer, guessed from the estimate at ``start``: the bytes
+    live at its peak that grow with the batch (``PER_SAMPLE``) per sample, against the room
+    left under the allocator's limit; a fifth further, so that the guess brackets the answer
+    when it is a little short. None where the estimate cannot say (no breakdown, nothing that
+    grows, not traced in fake mode)."""
+    if getattr(first, "mode", None) != "fake" or not getattr(first, "breakdown", None):
+        return None
+    per_sample = sum(first.breakdown.get(c, 0) for c in PER_SAMPLE) / start
+    room = getattr(first, "allocator_limit_bytes", 0) - getattr(first, "peak_reserved_bytes", 0)
+    if per_sample <= 0 or not getattr(first, "allocator_limit_bytes", 0):
+        return None
+    guess = start + room / per_sample
+    other = int(guess * 1.2) + 1 if room >= 0 else int(guess * 0.8)
+    other = max(1, min(other, limit, start * BRACKET_REACH))
+    return other if other != start else None
 
 
 def _with_real(search: BatchSearch, real: dict[int, Estimate]) -> BatchSearch:
