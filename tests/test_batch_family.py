@@ -124,3 +124,22 @@ def test_reduction_buffers_are_made_from_their_plans_at_each_batch_size():
         a, r = estimate_trace(fam.trace_at(b), "A100-40GB"), estimate_trace(real, "A100-40GB")
         assert (a.peak_allocated_bytes, a.peak_reserved_bytes) == (r.peak_allocated_bytes, r.peak_reserved_bytes)
     assert not same_trace(fam.trace_at(40), _trace(REDUCTION.replace("128, 768", "129, 768"), 40))
+
+
+# contrastive logits: a (B, B) matrix, whose bytes grow as B squared; a straight line through
+# the traces at 4 and 8 (64 and 256 bytes) would put 12's at 448 bytes, not 576
+CONTRASTIVE = """
+import torch, torch.nn.functional as F
+w = torch.randn(64, 32, device="cuda", requires_grad=True)
+img, txt = torch.randn(BATCH, 64, device="cuda") @ w, torch.randn(BATCH, 64, device="cuda") @ w
+logits = img @ txt.t()
+F.cross_entropy(logits, torch.arange(BATCH, device="cuda")).backward()
+"""
+
+
+def test_a_batch_by_batch_tensor_grows_as_the_square():
+    fam = BatchFamily.fit(4, _trace(CONTRASTIVE, 4), 8, _trace(CONTRASTIVE, 8))
+    for b in (12, 40):
+        derived, real = fam.trace_at(b), _trace(CONTRASTIVE, b)
+        assert same_trace(derived, real), b
+        assert any(e.shape == (b, b) and e.bytes == 4 * b * b for e in derived.events)

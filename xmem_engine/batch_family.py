@@ -83,6 +83,28 @@ class _Text:
     parts: list
 
 
+@dataclass(frozen=True)
+class _PerElement:
+    """Bytes as the event's shape has elements: a (B, B) tensor's grow as B squared, where a
+    straight line through two traces would put them."""
+
+    at_b0: int
+    numel_b0: int
+
+    def of(self, shape: tuple) -> int:
+        n = self.at_b0 * _numel(shape)
+        if n % self.numel_b0:
+            raise _Negative  # not whole bytes there: no family at this size
+        return n // self.numel_b0
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape or ():
+        n *= d
+    return n
+
+
 class _Negative(Exception):
     pass
 
@@ -117,7 +139,24 @@ def _event_row(e: TraceEvent) -> tuple:
     return tuple(getattr(e, f) for f in _EVENT_FIELDS)
 
 
-_ID = _EVENT_FIELDS.index("id")
+_ID, _BYTES, _SHAPE = (_EVENT_FIELDS.index(f) for f in ("id", "bytes", "shape"))
+
+
+def _fit_event(x: tuple, y: tuple, db: int, path: str) -> tuple:
+    """An event's template: its bytes by its shape's elements where they are in proportion at
+    both sizes (:class:`_PerElement`), the rest as :func:`_fit` has them."""
+    bx, by, sx, sy = x[_BYTES], y[_BYTES], x[_SHAPE], y[_SHAPE]
+    if not (bx != by and sx != sy and _numel(sx) > 0 and bx * _numel(sy) == by * _numel(sx)):
+        return _fit(x, y, db, path)
+    t = _fit((*x[:_BYTES], 0, *x[_BYTES + 1:]), (*y[:_BYTES], 0, *y[_BYTES + 1:]), db, path)
+    return (*t[:_BYTES], _PerElement(bx, _numel(sx)), *t[_BYTES + 1:])
+
+
+def _eval_event(t: tuple, k: int) -> tuple:
+    row = _eval(t, k)
+    if isinstance(row[_BYTES], _PerElement):
+        row = (*row[:_BYTES], row[_BYTES].of(row[_SHAPE]), *row[_BYTES + 1:])
+    return row
 
 
 def _collapse(tr: Trace) -> tuple[list[tuple], dict]:
@@ -232,7 +271,7 @@ class BatchFamily:
         if len(r0) != len(r1):
             raise NotAffine(f"{len(r0):,} vs {len(r1):,} events: the step runs differently")
         db = b1 - b0
-        rows = [x if x == y else _fit(x, y, db, f"event {i}") for i, (x, y) in enumerate(zip(r0, r1))]
+        rows = [x if x == y else _fit_event(x, y, db, f"event {i}") for i, (x, y) in enumerate(zip(r0, r1))]
         return cls(b0, b1, rows, _fit(m0, m1, db, "meta"), t0.mode,
                    {k: v for k, v in t0.meta.items() if k in VOLATILE_META}, [_has_linear(r) for r in rows])
 
@@ -240,7 +279,7 @@ class BatchFamily:
         """The trace at batch size ``b``; None where a size would be negative there."""
         k = b - self.b0
         try:
-            rows = [_eval(r, k) if v else r for r, v in zip(self.events, self.varies)]
+            rows = [_eval_event(r, k) if v else r for r, v in zip(self.events, self.varies)]
             events, meta = _expand(rows, _eval(self.meta, k))
         except _Negative:
             return None
