@@ -240,10 +240,11 @@ def test_a_ray_cluster_that_does_not_start_is_said_with_what_to_do(tiny, tmp_pat
 
 def test_ctrl_c_keeps_finished_rows_and_stops_the_workers(tmp_path):
     script = tmp_path / "slow.py"
-    script.write_text("import time\nimport torch\nbatch = 1\ntime.sleep(1)\nx = torch.ones(batch, device='cuda')\n")
+    script.write_text("import time\nimport torch\nscale = 1.0\ntime.sleep(1)\nx = torch.ones(int(scale), device='cuda')\n")
     out = tmp_path / "rows.jsonl"
+    # not whole numbers: a unit per value (whole ones would be one unit, sweep.family_axis)
     cmd = [sys.executable, "-m", "xmem_engine", "sweep", str(script), "--gpu", "T4", "--set",
-           "batch=" + ",".join(str(b) for b in range(1, 13)), "--out", str(out), "--workers", "1", "--quiet"]
+           "scale=" + ",".join(f"{b}.0" for b in range(1, 13)), "--out", str(out), "--workers", "1", "--quiet"]
     # A test run started in the background by a shell ignores SIGINT, and children inherit that:
     # give the sweep the default disposition a terminal's foreground job has.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -345,10 +346,13 @@ def test_a_worker_that_dies_fails_its_own_point_only(tmp_path):
     script = tmp_path / "dies.py"
     script.write_text(TINY.replace('raise ValueError("batch 3 is not supported")',
                                    "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
-    rows = sweep(str(script), ["T4"], {"batch": ["2", "3", "4"]}, engine="local", workers=2)
-    status = {r.settings["batch"]: (r.status, r.error) for r in rows}
-    assert status["3"][0] == "failed" and "worker process died" in status["3"][1]
-    assert all(status[b] == ("ok", "") for b in ("2", "4")), status
+    # --exact: a unit per value; else one unit for 3..5 (traced at 3 and 5), which dies at 3 and
+    # runs again value by value
+    for values, exact in ((["2", "3", "4"], True), (["3", "4", "5"], False)):
+        rows = sweep(str(script), ["T4"], {"batch": values}, engine="local", workers=2, exact=exact)
+        status = {r.settings["batch"]: (r.status, r.error) for r in rows}
+        assert status["3"][0] == "failed" and "worker process died" in status["3"][1]
+        assert all(status[b] == ("ok", "") for b in values if b != "3"), status
 
 
 @pytest.mark.parametrize("ext", [".csv", ".jsonl"])
@@ -398,3 +402,25 @@ def test_each_point_starts_in_the_sweeps_folder_and_environment(tmp_path, monkey
     rows = sweep(str(script), ["T4"], {"batch": ["1", "2", "3"]}, engine="serial")
     assert [r.status for r in rows] == ["ok"] * 3, [r.error for r in rows]
     assert os.getcwd() == str(tmp_path) and "XMEM_TEST_LEAK" not in os.environ
+
+
+def test_a_batch_axis_is_traced_at_its_ends_and_the_rest_is_the_family(tmp_path, monkeypatch):
+    """issue #34: 4 batch sizes x 2 GPUs from two traces; each row equals --exact's (a trace
+    per point), and the rows not traced say so."""
+    import xmem_engine.sweep as sw
+
+    script = tmp_path / "mlp.py"
+    script.write_text(TINY)
+    traced: list[str] = []
+    real_trace = sw._trace
+    monkeypatch.setattr(sw, "_trace", lambda unit, settings: traced.append(settings["batch"]) or
+                        real_trace(unit, settings))
+    values = ["8", "16", "24", "40"]
+    rows = sweep(str(script), ["T4", "A100-40GB"], {"batch": values}, engine="serial")
+    assert sorted(traced, key=int) == ["8", "40"]
+    exact = sweep(str(script), ["T4", "A100-40GB"], {"batch": values}, engine="serial", exact=True)
+    assert len(traced) == 2 + 8  # --exact: a trace per value and GPU
+    assert [(r.settings, r.gpu, r.peak_device_bytes, r.peak_reserved_bytes) for r in rows] == \
+           [(r.settings, r.gpu, r.peak_device_bytes, r.peak_reserved_bytes) for r in exact]
+    for r in rows:
+        assert any("was not traced" in n for n in r.notes) == (r.settings["batch"] in ("16", "24")), r

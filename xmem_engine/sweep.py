@@ -117,10 +117,36 @@ class Unit:
     safe: bool = False
     threads: int | None = None  # torch threads in the worker (1 where several workers share the cores)
     world_size: int | None = None  # trace rank 0 of this many processes (None: one process)
+    family: str | None = None  # an integer --set variable: the unit covers its ``values`` (batch_family.py)
+    values: list[str] = field(default_factory=list)
 
     @property
     def points(self) -> int:
-        return len(self.targets)
+        return len(self.targets) * max(1, len(self.values))
+
+    def each(self) -> list["Unit"]:
+        """One unit per value of ``family`` (the unit itself where it has none)."""
+        if not self.family:
+            return [self]
+        return [replace(self, settings={**self.settings, self.family: v}, family=None, values=[]) for v in self.values]
+
+
+#: an integer --set variable with at least this many values is traced at its two ends only
+FAMILY_VALUES = 3
+
+
+def family_axis(grid: Grid) -> str | None:
+    """The --set variable whose values a unit covers from two traces: integers, at least
+    ``FAMILY_VALUES`` of them, the most values of any (a batch size, a sequence length).
+    None with ``exact`` (``--exact``: every point traced)."""
+    if grid.exact:
+        return None
+
+    def whole(v: str) -> bool:
+        return v.strip().lstrip("-").isdigit()
+
+    axes = [n for n, vals in grid.settings.items() if len(vals) >= FAMILY_VALUES and all(whole(v) for v in vals)]
+    return max(axes, key=lambda n: len(grid.settings[n]), default=None)
 
 
 def plan(grid: Grid, done: Iterable[tuple] = ()) -> list[Unit]:
@@ -131,20 +157,33 @@ def plan(grid: Grid, done: Iterable[tuple] = ()) -> list[Unit]:
     units: list[Unit] = []
     common = dict(mode=grid.mode, iterations=grid.iterations, torch_version=grid.torch_version)
     groups = [[g] for g in grid.gpus] if grid.exact else [grid.gpus]
+    axis = family_axis(grid)
     for kind, combos in (("max_batch", grid.combos(grid.max_batch)), ("point", grid.combos())):
         if kind == "max_batch" and not grid.max_batch:
             continue
         for script in grid.scripts:
             for world in grid.worlds:
+                covered: set[tuple] = set()  # combos a family unit holds
                 for combo in combos:
                     for gpus in groups:
-                        todo = [(g, c) for g in gpus for c in grid.alloc_confs
-                                if point_key(kind, script, combo, g, c, world) not in done]
+                        unit = Unit(script, os.path.abspath(script), grid.sources[script], combo, [], gpus[0],
+                                    **common, search=grid.max_batch if kind == "max_batch" else None,
+                                    start=grid.starts.get(script, 1), safe=grid.safe, world_size=world)
+                        every = [(g, c) for g in gpus for c in grid.alloc_confs]
+                        if kind == "point" and axis:
+                            key = (tuple(sorted((k, v) for k, v in combo.items() if k != axis)), gpus[0])
+                            values = grid.settings[axis]
+                            keys = [point_key(kind, script, {**combo, axis: v}, g, c, world)
+                                    for v in values for g, c in every]
+                            if key in covered:
+                                continue
+                            if not done.intersection(keys):  # none done yet: one unit, two traces
+                                covered.add(key)
+                                units.append(replace(unit, targets=every, family=axis, values=list(values)))
+                                continue
+                        todo = [(g, c) for g, c in every if point_key(kind, script, combo, g, c, world) not in done]
                         if todo:
-                            units.append(Unit(script, os.path.abspath(script), grid.sources[script], combo, todo,
-                                              gpus[0], **common,
-                                              search=grid.max_batch if kind == "max_batch" else None,
-                                              start=grid.starts.get(script, 1), safe=grid.safe, world_size=world))
+                            units.append(replace(unit, targets=todo))
     return units
 
 
@@ -159,7 +198,7 @@ def run_unit(unit: Unit) -> list[Row]:
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _search_rows(unit) if unit.search else _point_rows(unit)
+        return _search_rows(unit) if unit.search else _family_rows(unit) if unit.family else _point_rows(unit)
 
 
 def _trace(unit: Unit, settings: dict[str, str]) -> Any:
@@ -175,13 +214,49 @@ def _trace(unit: Unit, settings: dict[str, str]) -> Any:
 
 
 def _point_rows(unit: Unit) -> list[Row]:
-    from xmem_engine.estimate import estimate_trace
-
     t0 = time.perf_counter()
     try:
         tr = _trace(unit, unit.settings)
     except (Exception, SystemExit) as e:
         return failed_rows(unit, describe_error(e, unit.path), time.perf_counter() - t0)
+    return _estimated(unit, tr)
+
+
+def _family_rows(unit: Unit) -> list[Row]:
+    """The rows of every value of ``unit.family``: traced at the smallest and the largest, the
+    values between them from the two traces' family (``batch_family.py``: no code run; each
+    row's notes say so); every value traced where the two are not one family."""
+    from xmem_engine.batch_family import BatchFamily, NotAffine
+
+    points = {v: p for v, p in zip(unit.values, unit.each())}
+    traces: dict[str, Any] = {}
+    failed: dict[str, list[Row]] = {}
+
+    def real(v: str) -> Any:
+        if v not in traces and v not in failed:
+            t0 = time.perf_counter()
+            try:
+                traces[v] = _trace(points[v], points[v].settings)
+            except (Exception, SystemExit) as e:
+                failed[v] = failed_rows(points[v], describe_error(e, unit.path), time.perf_counter() - t0)
+        return traces.get(v)
+
+    lo, hi = min(unit.values, key=int), max(unit.values, key=int)
+    family = None
+    if real(lo) is not None and real(hi) is not None and traces[lo].mode == traces[hi].mode == "fake":
+        with contextlib.suppress(NotAffine):
+            family = BatchFamily.fit(int(lo), traces[lo], int(hi), traces[hi])
+    rows = []
+    for v in unit.values:
+        tr = traces.get(v) or (family.trace_at(int(v)) if family is not None else None) or real(v)
+        rows += failed[v] if tr is None else _estimated(points[v], tr)
+    return rows
+
+
+def _estimated(unit: Unit, tr: Any) -> list[Row]:
+    """A trace's rows, one per target."""
+    from xmem_engine.estimate import estimate_trace
+
     rows = []
     for i, (gpu, conf) in enumerate(unit.targets):
         t1 = time.perf_counter()
@@ -263,7 +338,8 @@ def _failed(unit: Unit, gpu: str, conf: str, error: str, seconds: float = 0.0) -
 
 def failed_rows(unit: Unit, error: str, seconds: float = 0.0) -> list[Row]:
     """Every point of ``unit`` failed for one reason (the trace failed, the worker died)."""
-    return [_failed(unit, g, c, error, seconds if i == 0 else 0.0) for i, (g, c) in enumerate(unit.targets)]
+    return [_failed(u, g, c, error, seconds if i == 0 else 0.0) for u in unit.each()
+            for i, (g, c) in enumerate(u.targets)]
 
 
 def describe_error(e: BaseException, path: str) -> str:
@@ -321,14 +397,15 @@ def _run_local(units: list[Unit], workers: int | None, emit: Emit) -> None:
     n = max(1, min(workers or os.cpu_count() or 1, len(units)))
     threads = 1 if n > 1 else None
     pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
-    retry: list[Unit] = []
+    retry: list[tuple[int, Unit]] = []
     try:
-        futures = {pool.submit(run_unit, replace(u, threads=threads)): u for u in units}
+        futures = {pool.submit(run_unit, replace(u, threads=threads)): (i, u) for i, u in enumerate(units)}
         for fut in as_completed(futures):
             try:
                 rows = fut.result()
             except BrokenProcessPool:
-                retry.append(futures[fut])
+                i, unit = futures[fut]
+                retry += [(i, u) for u in unit.each()]  # a family's values one by one: only the killer fails
                 continue
             emit(rows)
     except BaseException:
@@ -336,8 +413,7 @@ def _run_local(units: list[Unit], workers: int | None, emit: Emit) -> None:
         raise
     pool.shutdown(wait=True)
     if retry:
-        order = {id(u): i for i, u in enumerate(units)}
-        _run_isolated(sorted(retry, key=lambda u: order[id(u)]), n, threads, emit)
+        _run_isolated([u for _, u in sorted(retry, key=lambda p: p[0])], n, threads, emit)
 
 
 def _run_isolated(units: list[Unit], n: int, threads: int | None, emit: Emit) -> None:
