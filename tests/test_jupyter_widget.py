@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -302,3 +303,26 @@ def test_the_timeline_carries_the_calibrated_range(session):
     assert tl.range_low <= est.peak_reserved_bytes / scale <= tl.range_high <= tl.top
     assert _limits(tl)["range_high"] == [tl.range_high]
     assert est.range_text in verdict_html(est)
+
+
+def test_the_family_is_not_waited_for_while_another_thread_traces():
+    s = Session(source=CELL, namespace={}, gpus=["T4"], batch_var="batch", batch=32, batch_values=[32, 64])
+    s.estimate(32, "T4"), s.estimate(64, "T4")
+    assert s.derived(48) is not None
+    held = threading.Event()
+    release = threading.Event()
+
+    def tracing():  # as the widget's background trace holds the session
+        with s.lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=tracing)
+    t.start()
+    held.wait(10)
+    try:
+        assert s.derived(56) is None  # at once, not after the trace: the widget says it is busy
+    finally:
+        release.set()
+        t.join()
+    assert s.derived(56) is not None

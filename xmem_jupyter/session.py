@@ -64,8 +64,8 @@ class Session:
         assigned back into the user's namespace; traces for other batch sizes run in a
         copy, so moving the slider never changes the user's variables.
 
-        Once two batch sizes are traced in fake mode and their traces are one family (every
-        request an affine function of the batch, ``batch_family.py``), any other batch size
+        Once two batch sizes are traced in fake mode and their traces are one family (the
+        same requests, sizes as functions of the batch, ``batch_family.py``), any other batch size
         is the family's trace, no code run: the slider answers in milliseconds. ``real``
         traces it anyway (the largest-batch search checks its answer on a real trace); a real
         trace that is not the family's ends the family, and every later size is traced."""
@@ -87,11 +87,14 @@ class Session:
 
     def derived(self, batch: int | None) -> Trace | None:
         """``batch``'s trace from the family of the first two traced batch sizes, where there is
-        one (None: no family yet, none holds, or a size there would be negative)."""
-        if batch is None or not self.batch_var:
+        one (None: no family yet, none holds, a size there would be negative, or a trace is
+        running in another thread: the widget then says it is busy instead of waiting)."""
+        if batch is None or not self.batch_var or not self.lock.acquire(blocking=False):
             return None
-        with self.lock:
+        try:
             return self._derived(batch)
+        finally:
+            self.lock.release()
 
     def _derived(self, batch: int) -> Trace | None:
         if self.family is None and not self.family_note:
