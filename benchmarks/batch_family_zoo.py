@@ -5,8 +5,8 @@
 ``xmem_engine/batch_family.py`` writes the trace at any batch size from two real ones (every
 request an affine function of the batch); the widget's slider, ``--max-batch`` and the
 advisor use it. Here each script is traced for real (fake mode) at five batch sizes; the family
-is fitted on the first two and must equal the real trace at the other three, request for
-request and record for record (``same_trace``: what an estimate reads). Per script it prints
+is fitted on the first two and must equal the real trace at the other three (a sequence length:
+12 or 16 times the values), request for request and record for record (``same_trace``: what an estimate reads). Per script it prints
 whether the batch is affine there, and where not, why: the two traces differ in their ops
 (``NotAffine``, with the first place), or the family misses a real trace (the first event
 that differs). The scripts are the ground-truth workloads (``benchmarks/workloads``, their
@@ -44,8 +44,13 @@ SCRIPTS: dict[str, tuple[str, str | list[tuple[str, str]]]] = {
     "lstm_tagger": ("zoo/lstm_tagger.py", [("(64,)", "({B},)"), ("torch.zeros(64,", "torch.zeros({B},")]),
     "gru_classifier": ("zoo/gru_classifier.py", [("(200, 128)", "(200, {B})"), ("(128,)", "({B},)")]),
     "clip_contrastive": ("zoo/clip_contrastive.py", [("randn(64,", "randn({B},"), ("(64, 77)", "({B}, 77)")]),
+    # the second dimension users slide: a sequence length (causal attention, S x S where materialised)
+    "gpt2 seq_len": ("workloads/gpt2.py", "seq_len"),
+    "bert seq_len": ("workloads/bert.py", "seq_len"),
     "tv_fasterrcnn": ("zoo/tv_fasterrcnn.py", [("for _ in range(4)", "for _ in range({B})")]),
 }
+#: scripts whose variable takes these times --values (a sequence length, not a batch; BERT's at most 512)
+SCALED = {"gpt2 seq_len": 16, "bert seq_len": 12}
 
 
 def traced(path: Path, how, b: int):
@@ -121,7 +126,7 @@ def main() -> None:
     print("|---|---|---|---|")
     for name in args.only or SCRIPTS:
         try:
-            verdict, why, seconds = check(name, values)
+            verdict, why, seconds = check(name, [v * SCALED.get(name, 1) for v in values])
         except ModuleNotFoundError as e:
             verdict, why, seconds = "skipped", f"needs {e.name} (make bench-setup)", 0.0
         except Exception as e:  # a script that fails to trace is a row, not the end of the table
