@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from xmem_engine.batch_family import BatchFamily, NotAffine, same_trace
+from xmem_engine.batch_family import BatchFamily, NotAffine, branches_on, same_trace
 from xmem_engine.estimate import estimate, estimate_trace, max_batch
 from xmem_engine.tracing import trace
 
@@ -143,3 +143,12 @@ def test_a_batch_by_batch_tensor_grows_as_the_square():
         derived, real = fam.trace_at(b), _trace(CONTRASTIVE, b)
         assert same_trace(derived, real), b
         assert any(e.shape == (b, b) and e.bytes == 4 * b * b for e in derived.events)
+
+
+def test_a_test_for_a_value_of_the_batch_is_found_in_the_code():
+    assert branches_on("b = 8\nif b == 3:\n    raise ValueError\n", "b") == "line 2: b == 3"
+    assert branches_on("b = 8\nk = 1 if b % 8 else 2\n", "b") == "line 2: b % 8"
+    assert branches_on("b = 8\nassert b not in (3, 5)\n", "b") == "line 2: b not in (3, 5)"
+    # a threshold changes the traces at the ends (then no family), a loop their lengths: not listed
+    assert branches_on("b = 8\nif b > 600:\n    x = [0 for _ in range(b)]\n", "b") is None
+    assert branches_on("if n == 3: pass\n", "b") is None and branches_on("if b ==", "b") is None

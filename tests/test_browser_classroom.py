@@ -148,6 +148,16 @@ def named(text: str, names) -> dict[str, set[str]]:
     return out
 
 
+def shown_text(locator) -> str:
+    """The element's text once the page draws it: JupyterLab leaves the cells out of view
+    undrawn (their innerText is empty), and outputs above may push a cell out again after it
+    was scrolled to, so scroll until there is text (CI read '' about one run in three)."""
+    locator.evaluate("""e => new Promise((ok, no) => { const t0 = Date.now(); (function f() {
+        if (e.innerText.trim()) ok(); else if (Date.now() - t0 > 60000) no(new Error('never drawn'));
+        else { e.scrollIntoView({block: 'nearest'}); requestAnimationFrame(f); } })(); })""")
+    return locator.inner_text()
+
+
 # the labels, legend items and titles of the Bokeh charts inside one element (drawn on
 # canvases: read from BokehJS's models, the document of the root view placed in the element)
 BOKEH_LABELS_JS = """(el) => { const out = [];
@@ -195,7 +205,7 @@ def test_one_step_is_estimated_as_the_loop_in_the_widget_and_the_saved_report(la
         widget = cell.locator(".xmem-widget").first
         widget.wait_for(timeout=60_000)
         widget.locator(".xmem-headline-text").first.wait_for(state="visible", timeout=60_000)  # drawn, not only attached
-        assert line in widget.inner_text().replace("\xa0", " ")
+        assert line in shown_text(widget).replace("\xa0", " ")
         restart_kernel(page)
         cell.scroll_into_view_if_needed()
         report = cell.locator(".jp-RenderedXmemReport").first
@@ -220,7 +230,7 @@ def test_one_set_of_numbers_in_the_widget_and_the_saved_report(lab, browser):
         widget.locator(".xmem-charts canvas").first.wait_for(timeout=60_000)
         page.wait_for_function("() => window.Bokeh && window.Bokeh.documents.length > 0", timeout=30_000)
         views = {
-            "widget text": widget.locator(".xmem-headline").first.inner_text(),
+            "widget text": shown_text(widget.locator(".xmem-headline").first),
             "bar tooltips": " ".join(widget.locator(".xmem-devicebar [title]").evaluate_all(
                 "els => els.map(e => e.getAttribute('title'))")),
             "chart labels": " ".join(widget.evaluate(BOKEH_LABELS_JS)),

@@ -58,6 +58,15 @@ def test_max_batch(capsys):
     assert not over["fits"]
 
 
+def test_max_batch_traces_each_value_of_a_script_that_tests_the_batch_for_a_value(tmp_path, capsys):
+    script = tmp_path / "odd.py"
+    script.write_text("import torch\nbatch_size = 8\nif batch_size % 2:\n    extra = torch.empty(2**28, device='cuda')\n"
+                      "x = torch.empty(batch_size, 2**20, device='cuda')\n")
+    res = json.loads(run(capsys, "estimate", str(script), "--gpu", "T4", "--max-batch", "batch_size", "--json")[1])
+    assert res["traced"] == res["tried"] and not res["family"]  # no batch family: the odd sizes differ
+    assert res["max_value"] > 0
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["--gpu", "B9000"], "unknown GPU"),
     (["--set", "batchsize=3"], "batchsize"),

@@ -326,3 +326,12 @@ def test_the_family_is_not_waited_for_while_another_thread_traces():
         release.set()
         t.join()
     assert s.derived(56) is not None
+
+
+def test_a_cell_that_tests_the_batch_for_a_value_is_traced_at_each_size():
+    cell = CELL.replace("batch = 32\n", "batch = 32\nif batch == 48:\n    raise ValueError('48 is not supported')\n")
+    s = Session(source=cell, namespace={}, gpus=["T4"], batch_var="batch", batch=32, batch_values=[32, 64])
+    s.estimate(32, "T4"), s.estimate(64, "T4")
+    assert s.derived(40) is None and "batch == 48" in s.family_note
+    with pytest.raises(ValueError, match="48 is not supported"):
+        s.estimate(48, "T4")  # a family of 32 and 64 would have shown a peak

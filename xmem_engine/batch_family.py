@@ -288,6 +288,38 @@ class BatchFamily:
         return Trace(events=events, mode=self.mode, seconds=0.0, meta=meta)
 
 
+def branches_on(source: str, variable: str) -> str | None:
+    """Where the code tests ``variable`` in a way a family cannot follow: for (in)equality
+    (``batch == 3``, ``batch in (3, 5)``) or a remainder (``batch % 8``), which may hold between
+    two traced values and at neither (a branch past a threshold, ``batch > 600``, changes the
+    traces at the ends instead, and they are then no family). None where it does not, or the
+    code does not parse. What the code does with a copy of the variable is not followed."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    named = lambda n: isinstance(n, ast.Name) and n.id == variable  # noqa: E731
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(
+                isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)) for op in node.ops) \
+                and any(named(x) for x in (node.left, *node.comparators)):
+            return f"line {node.lineno}: {ast.unparse(node)}"
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and named(node.left):
+            return f"line {node.lineno}: {ast.unparse(node)}"
+    return None
+
+
+def script_branches_on(path: str, variable: str) -> str | None:
+    """:func:`branches_on` for a script's file (None where it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return branches_on(f.read(), variable)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def family_note(meta: dict) -> str | None:
     """The estimate's note for a trace :meth:`BatchFamily.trace_at` made (None for a real one)."""
     fam = meta.get("batch_family")

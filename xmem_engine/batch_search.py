@@ -93,7 +93,7 @@ def max_batch(
         return real[v]
 
     if estimate_trace is None:
-        return _search(built, start, limit, safe, real)
+        return _with_real(_search(built, start, limit, safe, real), real)
     from xmem_engine.batch_family import BatchFamily, NotAffine, same_trace
 
     family: list = []  # the family in use

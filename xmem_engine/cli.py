@@ -491,7 +491,7 @@ def _world_args(args) -> tuple[list, bool]:
 def _cmd_estimate(args) -> int:
     import os
 
-    from xmem_engine.estimate import estimate_script, estimate_trace, max_batch
+    from xmem_engine.estimate import estimate_script, estimate_trace, max_batch, script_branches_on
 
     # Everything the user gave is checked before the script runs.
     gpu, overrides = _script_inputs(args)
@@ -524,8 +524,9 @@ def _cmd_estimate(args) -> int:
         with quiet:
             if args.max_batch:
                 family = lambda tr: estimate_trace(tr, gpu, args.alloc_conf, torch_version=args.torch_version)  # noqa: E731
+                follow = len(worlds) == 1 and not script_branches_on(args.script, args.max_batch)
                 search = max_batch(lambda v: run({**overrides, args.max_batch: str(v)}), start=start, safe=args.safe,
-                                   estimate_trace=family if len(worlds) == 1 else None)  # batch_family.py
+                                   estimate_trace=family if follow else None)  # batch_family.py
                 est = search.estimate
             else:
                 est = run(overrides)

@@ -33,6 +33,7 @@ from xmem_engine.simulation.simulate import SimulationResult, simulate
 from xmem_engine.trace import ALLOC, ITERATION, Trace, TraceEvent
 
 from xmem_engine.batch_search import REAL_MODE_REACH, SEARCH_LIMIT, BatchSearch, max_batch  # noqa: F401 (API)
+from xmem_engine.batch_family import script_branches_on  # noqa: F401 (the CLI's --max-batch asks it)
 
 if TYPE_CHECKING:
     from xmem_engine.tracing.distributed import World

@@ -226,7 +226,7 @@ def _family_rows(unit: Unit) -> list[Row]:
     """The rows of every value of ``unit.family``: traced at the smallest and the largest, the
     values between them from the two traces' family (``batch_family.py``: no code run; each
     row's notes say so); every value traced where the two are not one family."""
-    from xmem_engine.batch_family import BatchFamily, NotAffine
+    from xmem_engine.batch_family import BatchFamily, NotAffine, branches_on
 
     points = {v: p for v, p in zip(unit.values, unit.each())}
     traces: dict[str, Any] = {}
@@ -243,7 +243,8 @@ def _family_rows(unit: Unit) -> list[Row]:
 
     lo, hi = min(unit.values, key=int), max(unit.values, key=int)
     family = None
-    if real(lo) is not None and real(hi) is not None and traces[lo].mode == traces[hi].mode == "fake":
+    if branches_on(unit.source, unit.family or "") is None and real(lo) is not None and real(hi) is not None \
+            and traces[lo].mode == traces[hi].mode == "fake":
         with contextlib.suppress(NotAffine):
             family = BatchFamily.fit(int(lo), traces[lo], int(hi), traces[hi])
     rows = []
@@ -281,6 +282,7 @@ def _search_rows(unit: Unit) -> list[Row]:
     """The largest value of ``unit.search`` that fits, per target, by
     :func:`~xmem_engine.estimate.max_batch`; the traces of the values tried are shared by
     every target (a value traced for one GPU is re-simulated for the next)."""
+    from xmem_engine.batch_family import branches_on
     from xmem_engine.estimate import estimate_trace, max_batch
 
     var = unit.search or ""
@@ -297,12 +299,14 @@ def _search_rows(unit: Unit) -> list[Row]:
         return traces[v]
 
     rows = []
+    follow = branches_on(unit.source, var) is None  # values between two traces from their family
     for gpu, conf in unit.targets:
         t0 = time.perf_counter()
         try:
             search = max_batch(lambda v: estimate_trace(trace_at(v), gpu, conf, torch_version=unit.torch_version),
-                               start=unit.start, safe=unit.safe,
-                               estimate_trace=lambda tr: estimate_trace(tr, gpu, conf, torch_version=unit.torch_version))
+                               start=unit.start, safe=unit.safe, estimate_trace=(
+                                   lambda tr: estimate_trace(tr, gpu, conf, torch_version=unit.torch_version))
+                               if follow else None)
         except _TraceFailed as e:
             rows.append(_failed(unit, gpu, conf, f"at {var}={e.value}: {describe_error(e.error, unit.path)}",
                                 time.perf_counter() - t0))

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from xmem_engine.batch_family import BatchFamily, NotAffine, same_trace
+from xmem_engine.batch_family import BatchFamily, NotAffine, branches_on, same_trace
 from xmem_engine.simulation.alloc_conf import parse_alloc_conf
 from xmem_engine.estimate import SEARCH_LIMIT, BatchSearch, Estimate, estimate_trace, max_batch, resolve_gpu
 from xmem_engine.trace import Trace
@@ -102,6 +102,9 @@ class Session:
             if len(real) < 2:
                 return None
             (b0, t0), (b1, t1) = real[:2]
+            if where := branches_on(self.source, self.batch_var or ""):
+                self.family_note = f"the cell tests {self.batch_var} for a value ({where}): each size is traced"
+                return None
             if "fake" != t0.mode or "fake" != t1.mode:
                 self.family_note = "the batch sizes were traced in real mode"
                 return None
@@ -178,6 +181,7 @@ class Session:
                 raise ValueError("the largest batch needs --batch-var")
             build = lambda b: self.estimate(b, gpu, conf, real=True)  # noqa: E731
             start = self.batch or 1
-            family = lambda tr: estimate_trace(tr, gpu, conf)  # noqa: E731 - values between two traces
+            family = None if branches_on(self.source, self.batch_var) else \
+                (lambda tr: estimate_trace(tr, gpu, conf))  # values between two traces (batch_family.py)
             self.searches[(gpu, conf)] = max_batch(build, start=start, limit=max(limit, start), estimate_trace=family)
         return self.searches[(gpu, conf)].value
