@@ -278,7 +278,8 @@ def test_dry_run_errors_are_captured(dry_run: tuple[Path, list[dict]]) -> None:
 
 def test_timeout_is_recorded(tmp_path: Path) -> None:
     script = tmp_path / "sleepy.py"
-    script.write_text("import time\ntime.sleep(60)\n")
+    # a `device` for the dry run to set: without it the run fails at its overrides, and fast
+    script.write_text("device = 'cuda'\nimport time\ntime.sleep(60)\n")
     rec = gt.run_one(RunSpec("sleepy", script), gt.Options(out_dir=tmp_path, dry_run=True), "x", timeout_s=1)
     assert rec["error"]["stage"] == "timeout" and rec["returncode"] is None
 
