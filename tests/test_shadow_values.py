@@ -127,3 +127,36 @@ for _ in range(50):
     finally:
         tracer_mod.Tracer.finish = orig
     assert seen and seen[0] is not None and seen[0] <= 6  # the last iteration's, not 50 of each
+
+
+ISIN_CASES = [
+    (torch.arange(1000), torch.tensor([2])),                                   # generate(): vocabulary vs stop tokens
+    (torch.arange(10).float(), torch.tensor([2, 5])),                          # promoted to float
+    (torch.tensor([1.0, float("nan")]), torch.tensor([float("nan")])),         # NaN is in nothing
+    (torch.arange(6).view(2, 3), torch.tensor([[1], [4]], dtype=torch.int32)),  # any shapes
+    (torch.tensor(3), torch.tensor([3])),                                      # a 0-d tensor
+    (torch.arange(5, dtype=torch.uint8), torch.tensor([2.5, 3.0])),
+    (torch.arange(20), torch.arange(9)),                                       # more than a few: isin itself
+]
+
+
+@pytest.mark.parametrize("invert", [False, True])
+@pytest.mark.parametrize("elements,test_elements", ISIN_CASES)
+def test_the_shadows_isin_gives_isins_values(elements, test_elements, invert):
+    from xmem_engine.tracing.shadow_values import _isin_few
+
+    got = _isin_few(elements, test_elements, invert=invert)
+    want = torch.isin(elements, test_elements, invert=invert)
+    assert got.shape == want.shape and got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_a_known_isin_in_fake_mode_has_the_real_values():
+    src = """
+import torch
+vocab = torch.arange(50, device="cuda")
+stop = torch.tensor([2, 7], device="cuda")
+hits = int(torch.isin(vocab, stop).sum())
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake")
+    assert ns["hits"] == 2 and "guesses" not in tr.meta

@@ -149,12 +149,27 @@ class AllocMode(TorchDispatchMode):
         self.backward_writes = BackwardInPlace()
 
     @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No ``torch._disable_dynamo`` wrapper around ``__torch_dispatch__`` (TorchDispatchMode's
+        opt-out): it turns Dynamo's frame hook off and on for every op, 2% of a ``generate()``
+        trace (a third of whose ops are ``prim.device`` queries). Dynamo is kept out of the
+        tracer's handlers by ``torch_compile._dynamo_skips_the_tracer`` wherever it compiles."""
+        return False
+
+    @classmethod
     def ignore_compile_internals(cls) -> bool:
         """Dynamo compiles with this mode on the stack (and turns it off while compiling):
         only the compiled artifact's runtime ops come here (``torch_compile.py``)."""
         return True
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is _PRIM_DEVICE and self.fake_errors:
+            # C++ asks every fake tensor for its device (autograd does so per input; a third of
+            # a decode step's ops): answer from the tensor without a round trip through
+            # FakeTensorMode, first of all.
+            dev = getattr(args[0], "fake_device", None)
+            if dev is not None:
+                return dev
         if self.t.compiling:  # a compiler's own ops on its own fake tensors (Inductor's lazy backward)
             return func(*args, **(kwargs or {}))
         top = torch._C._len_torch_function_stack()
@@ -166,12 +181,6 @@ class AllocMode(TorchDispatchMode):
                 return self.__torch_dispatch__(func, types, args, kwargs)
             finally:
                 torch._C._push_on_torch_function_stack(mode)
-        if func is _PRIM_DEVICE and self.fake_errors:
-            # C++ asks every fake tensor for its device (autograd does so per input): answer
-            # from the tensor without a round trip through FakeTensorMode.
-            dev = getattr(args[0], "fake_device", None)
-            if dev is not None:
-                return dev
         kwargs = kwargs or {}
         composite = self.composite.get(func)
         if composite is None:

@@ -31,6 +31,23 @@ _device_constructors = _device_mod._device_constructors
 _T = torch.Tensor
 
 
+def _metadata_reads() -> list[Any]:
+    """Tensor attribute reads and metadata methods, which allocate nothing and need no call
+    scope: ``generate()`` makes ~500 of them a token (``x.shape``, ``x.dtype``, ``untyped_storage()``
+    in libraries' code), each through this mode. The attributes that make a view (``.T``,
+    ``.mT``, ``.data``, ``.real``...) keep the general path."""
+    views = {"T", "H", "mT", "mH", "data", "real", "imag", "_base"}
+    reads = [d.__get__ for name, d in vars(torch._C.TensorBase).items()
+             if type(d).__name__ == "getset_descriptor" and name not in views]
+    methods = ("untyped_storage", "size", "stride", "dim", "numel", "storage_offset", "element_size",
+               "is_contiguous", "is_floating_point", "is_complex")
+    return reads + [getattr(torch._C.TensorBase, m) for m in methods if hasattr(torch._C.TensorBase, m)]
+
+
+def _call(func: Any, args: tuple, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
+
+
 def _as_device(d: Any) -> torch.device | None:
     if d is None:
         return None
@@ -49,7 +66,8 @@ class DeviceMode(TorchFunctionMode):
     def __init__(self, tracer: Tracer):
         super().__init__()
         self.t = tracer
-        self.special: dict[Any, Callable] = {
+        self.special: dict[Any, Callable] = dict.fromkeys(_metadata_reads(), _call)
+        self.special.update({
             _T.device.__get__: self._device,
             _T.is_cuda.__get__: lambda f, a, k: self.t.is_gpu(a[0]),
             _T.is_cpu.__get__: lambda f, a, k: not self.t.is_gpu(a[0]),
@@ -70,7 +88,7 @@ class DeviceMode(TorchFunctionMode):
             # SDPA as the target GPU's backend (flash / efficient / cuDNN / math) allocates.
             torch.nn.functional.scaled_dot_product_attention: tracer_handler(tracer),
             torch._C._VariableFunctions._pad_packed_sequence: packed_sequences.handler(tracer),
-        }
+        })
         target = tracer.torch_target
         if target is not None and target < einsum_lowering.SWAPPING_FROM <= parse_version():
             self.special[torch.functional.einsum] = einsum_lowering.handler(tracer.vc.autocast)

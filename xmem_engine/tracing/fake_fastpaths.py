@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+from torch._subclasses.fake_tensor import FakeTensor
 
 from xmem_engine.tracing.autocast_policy import aten_op
 from xmem_engine.tracing.torch_compat import is_non_overlapping_and_dense
@@ -43,6 +43,21 @@ def _empty(size: Any, stride: Any, dtype: torch.dtype, like: Any = None) -> Any:
     with torch._C._DisableTorchDispatch():  # a plain meta tensor, past the modes
         meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
     return FakeTensor(mode, meta, device)
+
+
+def _on_meta(mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """``func`` on the fake tensors' meta tensors: what ``with in_kernel_invocation_manager(mode)``
+    does (torch 2.10-2.14 alike), as a plain call; the generator-based context manager cost
+    more than the view kernel it wrapped (650 views a token while ``generate()`` decodes)."""
+    prev = mode.in_kernel_invocation
+    with torch._C._DisableTorchDispatch():
+        mode.in_kernel_invocation = True
+        with torch._C._PreserveDispatchKeyGuard():
+            torch._C._set_meta_in_tls_dispatch_include(True)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                mode.in_kernel_invocation = prev
 
 
 def _contiguous(shape: Any) -> tuple:
@@ -249,9 +264,7 @@ def _viewer(func: Any) -> Callable[..., Any]:
                                                and all(type(i) is int for i in a)):
                 return NotImplemented
         mode = x.fake_mode
-        with in_kernel_invocation_manager(mode):
-            out = func(x, *args)
-        return FakeTensor(mode, out, x.fake_device)
+        return FakeTensor(mode, _on_meta(mode, func, x, *args), x.fake_device)
 
     return view
 
@@ -280,8 +293,7 @@ def _computer(func: Any) -> Callable[..., Any]:
         if like is None or kwargs.get("device") is not None:
             return NotImplemented
         mode, device = like.fake_mode, like.fake_device
-        with in_kernel_invocation_manager(mode):
-            out = func(*args, **kwargs)
+        out = _on_meta(mode, func, *args, **kwargs)
         if isinstance(out, tuple):
             return tuple(FakeTensor(mode, o, device) for o in out)
         return FakeTensor(mode, out, device)

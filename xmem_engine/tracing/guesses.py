@@ -129,6 +129,19 @@ def _map(fn: Callable[[Any], Any], x: Any) -> Any:
     return fn(x)
 
 
+def _map_args(fn: Callable[[Any], Any], args: tuple) -> tuple:
+    """:func:`_map` for an op's positional arguments, unrolled one level (a Tensor[] is the
+    deepest they nest): this runs for most ops while ``generate()`` decodes."""
+    out = []
+    for x in args:
+        t = type(x)
+        if t is tuple or t is list:
+            out.append(t([_map(fn, v) for v in x]))
+        else:
+            out.append(_map(fn, x) if t is dict else fn(x))
+    return tuple(out)
+
+
 class _Ref:
     """An op's tensor input, held weakly, with what is known of its value at the time
     (a known or last known storage, or the op that made it), so that a temporary
@@ -136,10 +149,10 @@ class _Ref:
 
     __slots__ = ("ref", "size", "stride", "offset", "dtype", "nbytes", "value", "maker")
 
-    def __init__(self, t: torch.Tensor, value: torch.UntypedStorage | None, maker: _Maker | None):
+    def __init__(self, t: torch.Tensor, nbytes: int, value: torch.UntypedStorage | None, maker: _Maker | None):
         self.ref = weakref.ref(t)
         self.size, self.stride, self.offset, self.dtype = t.size(), t.stride(), t.storage_offset(), t.dtype
-        self.nbytes = t.untyped_storage().nbytes()
+        self.nbytes = nbytes  # of its storage
         self.value, self.maker = value, maker
 
 
@@ -226,24 +239,29 @@ class Guesses:
         known = self.shadows.by_storage
         if any(k in known or k in self.producers for k in keys):
             return  # known, or a view of a storage whose maker is remembered
+        seen: dict[int, tuple[int, int]] = {}  # id(input) -> its storage's key and bytes
         for x in _leaves(args, kwargs):
             if isinstance(x, torch.Tensor):
                 st = x.untyped_storage()
-                if st._cdata in keys:
+                k, nbytes = st._cdata, st.nbytes()
+                if k in keys:
                     return  # a view
-                if st.nbytes() > SHADOW_BYTES:  # made from something big: a reduction of ones, or ones
+                if nbytes > SHADOW_BYTES:  # made from something big: a reduction of ones, or ones
                     if len(outs) == 1:
                         self._reduced_ones(func, args, kwargs, outs[0], keys[0])
                     return
+                seen[id(x)] = (k, nbytes)
+        if len(outs) == 1 and self._unequal(func, args, kwargs, outs[0], keys[0]):
+            return
+        stale, producers = self.stale, self.producers
+
         def weak(x: Any) -> Any:
             if not isinstance(x, torch.Tensor):
                 return x
-            k = x.untyped_storage()._cdata
-            return _Ref(x, self.shadows.by_storage.get(k) or self.stale.get(k), self.producers.get(k))
+            k, nbytes = seen.get(id(x)) or (x.untyped_storage()._cdata, x.untyped_storage().nbytes())
+            return _Ref(x, nbytes, known.get(k) or stale.get(k), producers.get(k))
 
-        if len(outs) == 1 and self._unequal(func, args, kwargs, outs[0], keys[0]):
-            return
-        weak_args, weak_kwargs = _map(weak, args), _map(weak, kwargs)
+        weak_args, weak_kwargs = _map_args(weak, args), _map(weak, kwargs) if kwargs else {}
         for i, (o, key) in enumerate(zip(outs, keys)):
             self.producers[key] = _Maker(func, weak_args, weak_kwargs, i)
             self._watch(o.untyped_storage(), key)
