@@ -275,3 +275,28 @@ def test_compiled_matmuls_take_cublas_workspaces_as_eager_ones_do():
 
     compiled, eager = workspaces("inductor"), workspaces("eager")
     assert compiled == eager == [("forward", 32 << 20), ("backward", 32 << 20)]
+
+
+HF_LLAMA = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=512, max_position_embeddings=128)
+model = torch.compile(LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+ids = torch.randint(0, 512, (2, 64), device="cuda")
+for step in range(2):
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+def test_a_compiled_hugging_face_forward_with_its_cache_compiles():
+    """transformers' ``DynamicCache`` (on in training too) makes ``torch.tensor([], device="cuda")``
+    in the compiled forward; AOTAutograd moves that constant to ``cuda`` for real to propagate
+    it, which failed without a driver ("Found no NVIDIA driver": the graph ran eagerly)."""
+    pytest.importorskip("transformers")
+    tr = trace(HF_LLAMA, {}, mode="fake", device=H100)
+    assert tr.meta["compile"]["failures"] == 0 and tr.meta["compile"]["graphs"] >= 1, tr.meta["notes"]
+    assert tr.meta["compile"]["backward_graphs"] >= 1
+    assert any("compiled for the target GPU" in n for n in tr.meta["notes"])

@@ -122,7 +122,26 @@ class _CudaToCpu(torch.utils._python_dispatch.TorchDispatchMode):
         d = kwargs.get("device")
         if d is not None and torch.device(d).type == "cuda":
             kwargs["device"] = torch.device("cpu")
+        schema = getattr(func, "_schema", None)
+        if schema is not None:  # a positional device (``prims.device_put(a, device)``)
+            for i, arg in enumerate(schema.arguments[:len(args)]):
+                if arg.name == "device" and isinstance(args[i], (torch.device, str)) and torch.device(args[i]).type == "cuda":
+                    args = (*args[:i], torch.device("cpu"), *args[i + 1:])
         return func(*args, **kwargs)
+
+
+def _constants_on_cpu(unset_fake: Callable[[], Any]) -> Callable[[], Any]:
+    """``unset_fake_temporarily`` for make_fx's constant propagation (proxy_tensor.py): there
+    AOTAutograd computes an op on small constant tensors for real, a ``.to("cuda")`` of one
+    among them (transformers' ``DynamicCache`` makes ``torch.tensor([], device="cuda")`` in a
+    compiled forward), which needs a driver; on the CPU the constant's values are the same."""
+
+    @contextlib.contextmanager
+    def unset() -> Iterator[Any]:
+        with unset_fake() as mode, _CudaToCpu():
+            yield mode
+
+    return unset
 
 
 @contextlib.contextmanager
@@ -139,6 +158,7 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
     from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.codecache import PyCodeCache
     from torch._inductor.fx_passes import joint_graph, pad_mm
+    from torch.fx.experimental import proxy_tensor
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.driver import CudaDriver
 
@@ -230,6 +250,7 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
         P(AsyncCompile, "wait", lambda self, scope: None)
         P(PyCodeCache, "load_by_key_path", classmethod(load_by_key_path))
         P(joint_graph.UniformValueConstantFolder, "run", fold)
+        P(proxy_tensor, "unset_fake_temporarily", _constants_on_cpu(proxy_tensor.unset_fake_temporarily))
         # pad_mm times padded and unpadded matmuls on real GPU tensors: "don't pad"
         if hasattr(pad_mm, "get_cached_should_pad"):
             P(pad_mm, "get_cached_should_pad", lambda key: False)
