@@ -61,10 +61,7 @@ finetune-setup:
 
 # The fine-tuning stack's tests (they skip where a library is missing; here none is).
 test-finetune: finetune-setup
-	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider tests/test_finetune_*.py
-	@# a process of its own: after a traced Lightning run in the same process, Inductor's pattern
-	@# set-up made a real CUDA tensor and the compile ran eagerly (a known gap, issue #32)
-	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider tests/test_compile_toggle.py
+	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider tests/test_finetune_*.py tests/test_compile_toggle.py
 	@# the compile toggle in JupyterLab, in the kernel finetune-setup installs (skips without .venv's browser)
 	if [ -x .venv/bin/python ]; then .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_browser_compile.py; fi
 

@@ -300,3 +300,31 @@ def test_a_compiled_hugging_face_forward_with_its_cache_compiles():
     assert tr.meta["compile"]["failures"] == 0 and tr.meta["compile"]["graphs"] >= 1, tr.meta["notes"]
     assert tr.meta["compile"]["backward_graphs"] >= 1
     assert any("compiled for the target GPU" in n for n in tr.meta["notes"])
+
+
+def test_compiles_after_import_lightning_set_the_nvml_check(monkeypatch):
+    """``import lightning`` sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` for the process; under it
+    ``torch.cuda.is_available()`` asks ``device_count()``, the virtual GPU's while tracing, so
+    the compile took the machine for one with a GPU and Inductor's pattern set-up made real
+    CUDA tensors: every compile after a Lightning import ran eagerly."""
+    from xmem_engine.tracing import inductor_gpu
+
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    with monkeypatch.context() as m:  # as the tracer patches it (Inductor's patterns are set up once a process)
+        m.setattr(torch.cuda, "device_count", lambda: 1)
+        assert inductor_gpu.REAL_AVAILABILITY[0]() is False  # what a compile is told: no GPU here
+    tr = trace(MLP, {}, mode="fake", device=H100)
+    assert tr.meta["compile"]["failures"] == 0 and tr.meta["compile"]["graphs"] == 1, tr.meta["notes"]
+
+
+def test_compiles_after_has_triton_was_asked_outside_the_trace():
+    """``torch.utils._triton.has_triton`` is cached for the process; asked outside a trace (a
+    Lightning run asked it), its answer on this machine is False, and Inductor then refused
+    to compile for CUDA ("TritonMissing"). The trace asks it afresh for the virtual GPU."""
+    from torch.utils._triton import has_triton
+
+    has_triton.cache_clear()
+    assert has_triton() is False  # outside a trace: no GPU here
+    tr = trace(MLP, {}, mode="fake", device=H100)
+    assert tr.meta["compile"]["failures"] == 0 and tr.meta["compile"]["graphs"] == 1, tr.meta["notes"]
+    assert has_triton() is False  # and the machine's answer is back after it

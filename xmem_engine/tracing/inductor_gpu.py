@@ -18,6 +18,14 @@ import torch
 
 from xmem_engine.tracing.patches import patched_attr, patched_item
 
+def _machine_has_cuda() -> bool:
+    """``torch.cuda.is_available()`` as this machine answers it, whatever the tracer patched:
+    with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (Lightning sets it when imported) torch's own
+    function asks ``torch.cuda.device_count()``, which is the virtual GPU's while tracing, and
+    every compile after ``import lightning`` looked for a driver."""
+    return torch.cuda._is_compiled() and torch._C._cuda_getDeviceCount() > 0
+
+
 def availability() -> tuple[Callable[..., Any], Callable[..., Any] | None]:
     """``torch.cuda.is_available`` and ``torch.accelerator.current_accelerator`` as they are now
     (None: this torch has no ``torch.accelerator``), for :func:`answering_availability`."""
@@ -26,7 +34,7 @@ def availability() -> tuple[Callable[..., Any], Callable[..., Any] | None]:
 
 #: the two as this machine answers them (no GPU without a driver), taken before the tracer
 #: patches them to say the virtual GPU is there: a compiler must see the truth
-REAL_AVAILABILITY = availability()
+REAL_AVAILABILITY = (_machine_has_cuda, availability()[1])
 
 
 @contextlib.contextmanager
@@ -270,6 +278,7 @@ def _device_caches() -> list[Any]:
     found = []
     for modname, name in (("torch._inductor.runtime.hints", "DeviceProperties.create"),
                           ("torch.utils._triton", "triton_backend"), ("torch.utils._triton", "triton_hash_with_backend"),
+                          ("torch.utils._triton", "has_triton"),
                           ("torch._inductor.utils", "is_big_gpu"), ("torch._inductor.utils", "get_gpu_shared_memory")):
         import importlib
 
