@@ -160,3 +160,37 @@ hits = int(torch.isin(vocab, stop).sum())
     ns: dict = {}
     tr = trace(src, ns, mode="fake")
     assert ns["hits"] == 2 and "guesses" not in tr.meta
+
+
+def test_a_parameters_cast_copy_is_not_computed_for_real(monkeypatch):
+    """Autocast casts each weight again every forward; a weight made on the host is small and
+    known, and its cast was computed for real each time (11% of a GRPO trace: 256 generated
+    tokens are 256 forwards). A parameter's copy feeds matmuls with activations, never known:
+    it gets no shadow. Other known tensors' casts still do (ids, masks)."""
+    from xmem_engine.tracing import shadow_values
+
+    computed: list = []
+
+    class Spy(dict):
+        def get(self, func, default=None):
+            computed.append(str(func))
+            return super().get(func, default)
+
+    monkeypatch.setattr(shadow_values, "_SHADOW_KERNELS", Spy(shadow_values._SHADOW_KERNELS))
+    src = """
+import torch
+lin = torch.nn.Linear(8, 4)
+with torch.no_grad():
+    lin.weight.fill_(0.5); lin.bias.fill_(0.25)   # known values (a checkpoint's are too)
+lin = lin.cuda()
+nonzero = int((lin.weight.detach() != 0).sum().item())
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    y = lin(torch.randn(2, 8, device="cuda"))
+mask = torch.tensor([1, 0, 1], device="cuda").to(torch.float16)
+n = int(mask.sum().item())
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake")
+    assert ns["nonzero"] == 32 and ns["n"] == 2 and "guesses" not in tr.meta  # the weights and the mask known
+    # computed for real: the mask's cast and the two host-to-GPU copies, not autocast's casts of the weights
+    assert computed.count("aten._to_copy.default") == 3, computed

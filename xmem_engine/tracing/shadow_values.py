@@ -61,6 +61,8 @@ def _isin_few(elements: Any, test_elements: Any, *, assume_unique: bool = False,
     return ~out if invert else out
 
 
+_TO_COPY = torch.ops.aten._to_copy.default
+
 # Ops whose shadow runs as a faster equivalent (same values).
 _SHADOW_KERNELS: dict[Any, Any] = {torch.ops.aten.isin.Tensor_Tensor: _isin_few}
 
@@ -153,6 +155,12 @@ class Shadows:
             else:
                 outs = [t for t in tree_flatten(out)[0] if isinstance(t, fake)]
                 known = bool(outs) and all(t.untyped_storage().nbytes() <= SHADOW_BYTES for t in outs)
+        if known and func is _TO_COPY and kwargs.get("device") is None and type(args[0]) is fake \
+                and args[0].requires_grad and args[0].is_leaf:
+            # A parameter's cast copy on its device (autocast casts each small weight again every
+            # forward: 11% of a GRPO trace, whose 256 generated tokens are 256 forwards). Its
+            # values feed matmuls with activations, which are never known.
+            known = False
         if known and self._all_known(args, kwargs):
             real = self._real_args(args, kwargs)
             from torch._subclasses.fake_tensor import unset_fake_temporarily
