@@ -123,23 +123,10 @@ def _map(fn: Callable[[Any], Any], x: Any) -> Any:
     """``tree_map`` for an op's arguments (tuples, lists and dicts of leaves), as cheap as it gets."""
     t = type(x)
     if t is tuple or t is list:
-        return t(_map(fn, v) for v in x)
+        return t([_map(fn, v) for v in x])  # (a list, not a generator: this runs for most ops)
     if t is dict:
         return {k: _map(fn, v) for k, v in x.items()}
     return fn(x)
-
-
-def _map_args(fn: Callable[[Any], Any], args: tuple) -> tuple:
-    """:func:`_map` for an op's positional arguments, unrolled one level (a Tensor[] is the
-    deepest they nest): this runs for most ops while ``generate()`` decodes."""
-    out = []
-    for x in args:
-        t = type(x)
-        if t is tuple or t is list:
-            out.append(t([_map(fn, v) for v in x]))
-        else:
-            out.append(_map(fn, x) if t is dict else fn(x))
-    return tuple(out)
 
 
 class _Ref:
@@ -261,7 +248,7 @@ class Guesses:
             k, nbytes = seen.get(id(x)) or (x.untyped_storage()._cdata, x.untyped_storage().nbytes())
             return _Ref(x, nbytes, known.get(k) or stale.get(k), producers.get(k))
 
-        weak_args, weak_kwargs = _map_args(weak, args), _map(weak, kwargs) if kwargs else {}
+        weak_args, weak_kwargs = _map(weak, args), _map(weak, kwargs) if kwargs else {}
         for i, (o, key) in enumerate(zip(outs, keys)):
             self.producers[key] = _Maker(func, weak_args, weak_kwargs, i)
             self._watch(o.untyped_storage(), key)

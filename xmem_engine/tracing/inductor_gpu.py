@@ -18,6 +18,7 @@ import torch
 
 from xmem_engine.tracing.patches import patched_attr, patched_item
 
+
 def _machine_has_cuda() -> bool:
     """``torch.cuda.is_available()`` as this machine answers it, whatever the tracer patched:
     with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (Lightning sets it when imported) torch's own
