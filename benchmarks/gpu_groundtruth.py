@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         return fixed_memory_main(out, args.dry_run, args.timeout)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     try:
-        runs = select(names)
+        runs = select(names, args.dry_run)
     except KeyError as exc:
         print(exc.args[0], file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ optimizer_name = "AdamW"
 lr = 3e-4
 amp_dtype = None  # e.g. "bfloat16"
 checkpointing = False
+compiled = False  # torch.compile(model), default mode
 iterations = 3
 seed = 0
 
@@ -26,6 +27,8 @@ torch.manual_seed(seed)
 model = GPT2(vocab_size=vocab_size, max_positions=max_positions, dim=dim, n_layers=n_layers,
              heads=n_heads, checkpointing=checkpointing).to(device)
 optimizer = make_optimizer(optimizer_name, model.parameters(), lr)
+if compiled:
+    model = torch.compile(model)
 tokens = torch.randint(0, vocab_size, (batch_size, seq_len), device=device)
 targets = torch.randint(0, vocab_size, (batch_size, seq_len), device=device)
 
