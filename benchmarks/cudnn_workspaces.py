@@ -19,6 +19,19 @@ as the caching allocator saw it. It writes ``benchmarks/data/cudnn_workspaces-<g
 in the engine's table format; ``install`` merges such a file into
 ``xmem_engine/data/cudnn_workspaces.json`` (replacing the table of the same architecture).
 ``measure --dry-run`` runs everything on the CPU with workspaces of 0, to check the script.
+
+Without a GPU at hand, ``from-recordings`` reads the same figures off ground-truth recordings
+(``benchmarks/data/gpu_groundtruth-*.jsonl``, whose allocator snapshots hold every request):
+
+    .venv/bin/python benchmarks/cudnn_workspaces.py from-recordings resnet50-bs64-sgd ...
+
+It estimates each run on the CPU with no workspaces, lines xmem's requests up with the GPU's
+(difflib on sizes: every request xmem makes must be found in order), and takes the GPU's
+requests that xmem lacks inside a convolution call as its workspaces: after a forward's
+output; in backward, those before the weight gradient is allocated for the data gradient, the
+rest for the weight's. A problem seen several times keeps its largest; calls whose window holds
+a request xmem made but the GPU did not (unaligned) are skipped and counted. The file it writes
+has ``measure``'s format, its source naming the recordings.
 """
 from __future__ import annotations
 
@@ -174,6 +187,109 @@ def measure(problems: Path, out_dir: Path, budget_s: float, dry_run: bool) -> Pa
     return out
 
 
+def _recorded_allocs(rec: dict, base: Path) -> list[int]:
+    from benchmarks._snapshot_trim import load_snapshot
+
+    snap = load_snapshot(rec, base_dir=base)
+    traces = (snap or {}).get("device_traces") or []
+    traces = traces[0] if traces and isinstance(traces[0], list) else traces
+    return [e["size"] for e in traces if e.get("action") == "alloc"]
+
+
+def workspaces_in_recording(rec: dict, base: Path) -> tuple[dict[str, list[int]], int, int]:
+    """Per problem key, the workspace sizes one recorded run shows; also the calls read and skipped."""
+    import difflib
+    import os
+
+    from xmem_engine.estimate import estimate_script
+    from xmem_engine.overrides import as_set_text
+
+    gpu_sizes = _recorded_allocs(rec, base)
+    env = rec.get("env") or {}
+    overrides = {k: as_set_text(v) for k, v in (rec.get("overrides") or {}).items() if k != "device"}
+    alloc_conf = (rec.get("env_vars") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    before = os.environ.get("XMEM_CUDNN_WORKSPACES")
+    os.environ["XMEM_CUDNN_WORKSPACES"] = "off"  # xmem's own requests only
+    try:
+        est = estimate_script(rec["script"], env.get("gpu_name") or "", overrides=overrides, alloc_conf=alloc_conf,
+                              torch_version=(env.get("torch_version") or "").split("+")[0] or None)
+    finally:
+        if before is None:
+            del os.environ["XMEM_CUDNN_WORKSPACES"]
+        else:
+            os.environ["XMEM_CUDNN_WORKSPACES"] = before
+    xm = [e for e in est.simulated_events if e.kind == "alloc"]
+    sm = difflib.SequenceMatcher(None, [e.bytes for e in xm], gpu_sizes, autojunk=False)
+    at: dict[int, int] = {}  # xmem alloc index -> GPU alloc index
+    for a, b, n in sm.get_matching_blocks():
+        at.update((a + k, b + k) for k in range(n))
+    index = {e.id: i for i, e in enumerate(xm)}
+    matched_gpu = set(at.values())
+    found: dict[str, list[int]] = {}
+    read = skipped = 0
+    for out_id, keys in (est.trace.meta.get("conv_calls") or []) if est.trace else []:
+        i = index.get(out_id)
+        if i is None:
+            continue
+        first = i  # the op's outputs: a backward's data gradient comes before its weight gradient
+        while first > 0 and xm[first - 1].op == xm[i].op and xm[first - 1].module == xm[i].module:
+            first -= 1
+        nxt = i + 1
+        if any(j not in at for j in range(first, nxt + 1)) or nxt >= len(xm):
+            skipped += 1
+            continue
+        extra = [b for b in range(at[first] + 1, at[nxt]) if b not in matched_gpu]
+        split = at[i]  # backward: extras before the weight gradient's request are the data gradient's
+        by_dir = {"backward_data": [gpu_sizes[b] for b in extra if b < split],
+                  "backward_weight": [gpu_sizes[b] for b in extra if b > split],
+                  "forward": [gpu_sizes[b] for b in extra]}
+        if len(keys) == 1 and keys[0].startswith("backward_weight"):
+            by_dir["backward_weight"] = [gpu_sizes[b] for b in extra]
+        for k in keys:
+            found.setdefault(k, []).append(max(by_dir[k.split("|", 1)[0]], default=0))
+        read += 1
+    return found, read, skipped
+
+
+def from_recordings(runs: list[str], data: list[Path], out_dir: Path) -> Path:
+    """A workspace table read off ground-truth recordings (``measure``'s format)."""
+    from benchmarks.compare_groundtruth import load_records
+
+    records = [(r, b) for r, b in load_records([str(p) for p in data]) if not r.get("error")]
+    by_run = {r["run"]: (r, b) for r, b in records}  # the last ok record of each run
+    missing = [r for r in runs if r not in by_run]
+    if missing:
+        raise SystemExit(f"no recording of {', '.join(missing)} in {', '.join(map(str, data))}")
+    sizes: dict[str, list[int]] = {}
+    env = {}
+    for name in runs:
+        rec, base = by_run[name]
+        env = rec.get("env") or env
+        found, read, skipped = workspaces_in_recording(rec, base)
+        for k, v in found.items():
+            sizes.setdefault(k, []).extend(v)
+        print(f"{name}: {read} convolution calls read, {skipped} skipped (unaligned), {len(found)} problems",
+              flush=True)
+    uneven = {k: sorted(set(v)) for k, v in sizes.items() if len(set(v)) > 1}
+    for k, v in list(uneven.items())[:10]:
+        print(f"  differs between calls, largest kept: {v} {k}")
+    gpu = env.get("gpu_name", "?")
+    cc = [int(x) for x in str(env.get("compute_capability", "0.0")).split(".")]
+    day = rec.get("session", "")[:10]
+    table = {"compute_capability": cc, "gpu": gpu, "cudnn_version": env.get("cudnn_version"),
+             "torch_version": str(env.get("torch_version", "")).split("+")[0],
+             "source": f"benchmarks/cudnn_workspaces.py from-recordings: read off the allocator snapshots of "
+                       f"{', '.join(runs)} recorded on {gpu} {day} (benchmarks/data/gpu_groundtruth-*.jsonl)",
+             "bytes": {k: max(v) for k, v in sizes.items()}}
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+    out = out_dir / f"cudnn_workspaces-{slug}-{day or 'recorded'}.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"tables": [table], "errors": {}, "dry_run": False}, indent=1) + "\n")
+    nonzero = sum(1 for v in table["bytes"].values() if v)
+    print(f"{len(table['bytes'])} problems ({nonzero} with a workspace, {len(uneven)} uneven) -> {out}")
+    return out
+
+
 def install(measured: Path, into: Path = WORKSPACES_FILE) -> None:
     """Merge a measured file's tables into the engine's (same architecture: replaced)."""
     new = json.loads(measured.read_text())
@@ -199,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--out", type=Path, default=BENCH / "data")
     m.add_argument("--budget-s", type=float, default=240.0, help="stop measuring after this long")
     m.add_argument("--dry-run", action="store_true", help="on the CPU, workspaces 0: checks the script")
+    r = sub.add_parser("from-recordings", help="read the workspaces off ground-truth recordings (no GPU needed)")
+    r.add_argument("runs", nargs="+", help="run names in the recordings")
+    r.add_argument("--data", type=Path, nargs="*", default=None,
+                   help="JSON-lines files (default: benchmarks/data/gpu_groundtruth-*.jsonl)")
+    r.add_argument("--out", type=Path, default=BENCH / "data")
     i = sub.add_parser("install", help="merge a measured file into xmem_engine/data/cudnn_workspaces.json")
     i.add_argument("file", type=Path)
     a = ap.parse_args(argv)
@@ -206,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         collect(a.zoo, a.out)
     elif a.cmd == "measure":
         measure(a.problems, a.out, a.budget_s, a.dry_run)
+    elif a.cmd == "from-recordings":
+        from_recordings(a.runs, a.data or sorted((BENCH / "data").glob("gpu_groundtruth-*.jsonl")), a.out)
     else:
         install(a.file)
     return 0
