@@ -328,3 +328,51 @@ def test_compiles_after_has_triton_was_asked_outside_the_trace():
     tr = trace(MLP, {}, mode="fake", device=H100)
     assert tr.meta["compile"]["failures"] == 0 and tr.meta["compile"]["graphs"] == 1, tr.meta["notes"]
     assert has_triton() is False  # and the machine's answer is back after it
+
+
+def test_each_kernels_first_launch_allocates_what_its_autotuning_would():
+    """On the GPU a kernel with several configs times them at its first launch: an L2-sized
+    flush buffer and copies of what it writes in place (inductor_autotune.py; measured on an
+    H200: 60 MiB buffers and copies of GPT-2's logits). First step only, freed at once."""
+    l2 = 50 * 2**20
+    tr = trace(GPT, {}, mode="fake", device=dict(H100, L2_cache_size=l2))
+    flush = [e for e in tr.events if e.kind == "alloc" and e.bytes == l2]
+    assert flush and {e.iteration for e in flush} == {0}
+    assert all(e.dtype in ("int32", "torch.int32") for e in flush), {e.dtype for e in flush}
+    freed = {e.id for e in tr.events if e.kind == "free"}
+    assert all(e.id in freed for e in flush)
+    # the step after compiled nothing new: it allocates only the wrapper's buffers and attention's
+    later = [op for _, op in _allocs(tr, 1, "forward") + _allocs(tr, 1, "backward")]
+    assert "aten.empty.memory_format" not in later
+
+
+def test_autotuning_is_read_off_the_generated_kernel():
+    from xmem_engine.tracing.inductor_autotune import autotune_of
+
+    src = '''
+import triton
+import triton.language as tl
+from torch._inductor.runtime import triton_helpers, triton_heuristics
+from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint, DeviceProperties
+
+@triton_heuristics.pointwise(
+    size_hints={'x': 1048576}, filename=__file__,
+    triton_meta={'signature': {'in_out_ptr0': '*bf16', 'in_ptr0': '*bf16', 'xnumel': 'i32', 'XBLOCK': 'constexpr'},
+                 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9,
+                                            regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
+                                            max_threads_per_block=1024, warp_size=32),
+                 'constants': {}, 'configs': [{(0,): [['tt.divisibility', 16]]}]},
+    inductor_meta={'grid_type': 'Grid1D', 'kernel_name': 'triton_poi_fused_gelu_0',
+                   'mutated_arg_names': ['in_out_ptr0'], 'optimize_mem': True, 'autotune_hints': set(),
+                   'are_deterministic_algorithms_enabled': False},
+    min_elem_per_thread=0
+)
+@triton.jit
+def triton_poi_fused_gelu_0(in_out_ptr0, in_ptr0, xnumel, XBLOCK : tl.constexpr):
+    pass
+'''
+    tune = autotune_of("triton_poi_fused_gelu_0", src)
+    assert tune is not None and tune.configs >= 2  # a 1-D pointwise kernel is timed in two shapes
+    assert tune.mutated == {"in_out_ptr0"} and tune.optimize_mem
+    assert tune.arg_names[:2] == ("in_out_ptr0", "in_ptr0")
+    assert autotune_of("user_kernel", "@triton.jit\ndef user_kernel(x):\n    pass\n") is None

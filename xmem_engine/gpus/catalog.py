@@ -67,6 +67,7 @@ OPTIONAL_FIELDS: dict[str, type] = {
     **{f: list for f in RANGE_FIELDS},
     "aliases": list,
     "nvidia_smi_memory_mib": int,
+    "l2_cache_bytes": int,
     "sources": dict,
 }
 NUMERIC_FIELDS = (
@@ -220,6 +221,9 @@ class GPU:
     driver_reserved_bytes: int | None = None
     # explicit [low, high] per part field (``<field>_range`` in the TOML); the others: part_range()
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, hash=False)
+    # cudaDeviceProp.l2CacheSize: Inductor's autotuning flushes it with a buffer that size;
+    # None: not in the catalog (the virtual device then reports an A100's 40 MiB)
+    l2_cache_bytes: int | None = None
 
     @property
     def major(self) -> int:
@@ -238,6 +242,7 @@ class GPU:
             "minor": self.minor,
             "multi_processor_count": self.sm_count,
             "context_bytes": self.context_bytes,  # not a device property: mem_get_info's "free" leaves it out
+            **({"L2_cache_size": self.l2_cache_bytes} if self.l2_cache_bytes is not None else {}),
         }
 
     def estimated_fields(self) -> list[str]:
@@ -477,6 +482,7 @@ def _build(key: str, entry: dict[str, Any], origin: str) -> GPU:
         nccl_bytes=values["nccl_bytes"],
         driver_reserved_bytes=reserved,
         ranges=ranges,
+        l2_cache_bytes=entry.get("l2_cache_bytes"),
     )
 
 

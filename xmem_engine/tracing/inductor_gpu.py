@@ -4,7 +4,7 @@ Every query a compiler makes about "the" CUDA device (Dynamo's device interface,
 driver and target, Inductor's device properties and ``functools.cache``d answers) is answered
 for the target GPU; Triton kernels become :class:`NoopKernel`; the generated wrapper's
 driver calls are made virtual (:func:`virtualize_wrapper`); no caches, no worker pool, no
-benchmarking. ``torch_compile.py`` enters :func:`inductor_for_virtual_gpu` for a trace that
+benchmarking (its allocations are made instead, ``inductor_autotune.py``). ``torch_compile.py`` enters :func:`inductor_for_virtual_gpu` for a trace that
 compiles. Research: ``docs/compile-on-cpu.md``.
 """
 
@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from xmem_engine.tracing.inductor_autotune import autotune_of, benchmark_allocations
 from xmem_engine.tracing.patches import patched_attr, patched_item
 
 
@@ -83,13 +84,20 @@ def inductor_properties(props: Any) -> types.SimpleNamespace:
 
 
 class NoopKernel:
-    """What ``AsyncCompile.triton`` gives back: a launch that allocates and computes nothing."""
+    """What ``AsyncCompile.triton`` gives back: a launch that computes nothing. Its first launch
+    allocates what the GPU's autotuning of its configs would (``inductor_autotune.py``)."""
+
+    l2_cache_bytes = 41_943_040  # the target GPU's, set by inductor_for_virtual_gpu
+    autotune_bytes = 0  # argument copies the first launches made, all kernels (for the notes)
 
     def __init__(self, name: str, source: str):
         self.name, self.source = name, source
         self.launches = 0
+        self.autotune = autotune_of(name, source)
 
     def run(self, *args: Any, **kwargs: Any) -> None:
+        if self.launches == 0 and self.autotune is not None and self.autotune.configs > 1:
+            NoopKernel.autotune_bytes += benchmark_allocations(self.autotune, args, self.l2_cache_bytes)
         self.launches += 1
 
     __call__ = run
@@ -255,6 +263,7 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
             if hasattr(icfg, key):
                 stack.enter_context(icfg.patch(key, value))
         stack.enter_context(icfg.patch("triton.cudagraphs", False))
+        P(NoopKernel, "l2_cache_bytes", int(getattr(props, "L2_cache_size", NoopKernel.l2_cache_bytes)))
         P(AsyncCompile, "triton", lambda self, kernel_name, source_code, device_str="cuda": NoopKernel(kernel_name, source_code))
         P(AsyncCompile, "wait", lambda self, scope: None)
         P(PyCodeCache, "load_by_key_path", classmethod(load_by_key_path))
