@@ -62,3 +62,21 @@ def test_workspaces_read_off_a_recording_are_the_gpus_own_requests() -> None:
     stem = "forward|float32|64x3x224x224|64x3x7x7|2x2|3x3|1x1|N|0x0|1|c|any|tf32"
     assert found[stem][0] in _recorded_allocs(rec, base)  # conv1's workspace: one of the GPU's requests
     assert found[stem][0] > 0
+
+
+@pytest.mark.parametrize("run,q_shape,kv_heads", [("zoo-user-triton-kernel", (8, 16, 1024, 64), 16),
+                                                   ("zoo-hf-llama-bf16", (2, 32, 1024, 64), 4)])
+def test_cudnn_attention_backward_workspace_is_a_request_the_h200_made(run: str, q_shape: tuple, kv_heads: int) -> None:
+    """The workspace cuDNN's SDPA backward asks for (sdpa.cudnn_backward_workspace), as the recordings show it."""
+    import torch
+
+    from benchmarks.cudnn_workspaces import _recorded_allocs
+    from xmem_engine.tracing.sdpa import cudnn_backward_workspace
+
+    b, h, s, d = q_shape
+    q = torch.empty(q_shape, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty((b, kv_heads, s, d), dtype=torch.bfloat16, device="meta")
+    size = cudnn_backward_workspace(q, kv, kv)
+    rec, base = _recorded(run)
+    recorded = _recorded_allocs(rec, base)
+    assert recorded.count(size) >= 2 * 12  # each layer's backward, in both steps (zoo scripts: 12+ layers)

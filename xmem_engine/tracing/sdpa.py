@@ -680,18 +680,32 @@ def _matching_layout(q: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return q.new_empty_strided(shape, strides)
 
 
+def cudnn_backward_workspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+    """Bytes cuDNN's SDPA backward graph asks the caching allocator for, as read off an H200's
+    recordings (cuDNN 9.19, torch 2.11; benchmarks/data/gpu_groundtruth-nvidia-h200-2026-12-04.jsonl:
+    34,078,976 B for B 8, H 16, L 1024, D 64; 33,816,832 B for Llama's B 2, H 32, 4 key/value heads):
+    a float32 dQ accumulator (B, H, Lq, D) and a float32 row sum (B, H, Lq) plus 256 B; with fewer
+    key/value heads than query heads, dK and dV widened to the query's heads in the inputs' dtype."""
+    b, h, m, d = q.shape
+    n, dv = k.shape[-2], v.shape[-1]
+    size = b * h * m * d * 4 + b * h * m * 4 + 256
+    if k.shape[1] != h:
+        size += b * h * n * (d + dv) * q.element_size()
+    return size
+
+
 @dataclass
 class _Cudnn(_Plan):
     """cuDNN attention, on (B, H, L, D) q/k/v.
 
     Forward (``_scaled_dot_product_cudnn_attention_cuda`` -> ``_cudnn_attention_forward``):
     ``out`` (B, H, L, Dv) laid out like q (``alloc_with_matching_layout``); ``softmaxstats``
-    (B, H, L, 1) float32; seed and offset int64 scalars on the device. cuDNN's own workspace
-    (from the caching allocator, size from the cuDNN graph) is not modelled. Saved: query, key,
-    value, attn_bias, output, logsumexp, seed, offset.
+    (B, H, L, 1) float32; seed and offset int64 scalars on the device (an H200's forward asked for
+    nothing more). Saved: query, key, value, attn_bias, output, logsumexp, seed, offset.
 
     Backward (``_cudnn_attention_backward``): the incoming gradient copied to out's layout when
-    its strides differ; dq, dk, dv (``empty_like``)."""
+    its strides differ; dq, dk, dv (``empty_like``); then the cuDNN graph's workspace
+    (:func:`cudnn_backward_workspace`), freed at once."""
 
     def forward(self, q, k, v, bias):
         b, h, m, _ = q.shape
@@ -719,6 +733,9 @@ class _Cudnn(_Plan):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         for t in (dq, dk, dv):
             self.label(t, op, None)
+        workspace = q.new_empty((cudnn_backward_workspace(q, k, v),), dtype=torch.uint8)
+        self.label(workspace, op, "workspace")
+        del workspace  # freed when the cuDNN graph has run
         if self.real:
             grads = self._grads(q, k, v, bias, go)
             with _Hidden():

@@ -22,7 +22,8 @@ cannot compute them either, and memory does not depend on them.
 The patch sits on the narrowest points every Triton 3.x release has: ``JITFunction.run`` (what
 ``kernel[grid](...)`` calls, and what ``@triton.heuristics`` and ``@triton.autotune`` end in),
 ``Autotuner.run`` (its benchmarking would launch every config and time it with CUDA events: the
-first config left after the kernel's own pruning is taken instead) and, under
+first config left after the kernel's own pruning is taken instead, and what the timing
+allocates is allocated: :func:`_benchmark_allocations`) and, under
 ``TRITON_INTERPRET=1``, ``InterpretedFunction.run``; ``torch.library.triton_op``'s kernels
 (``wrap_triton``) are counted where torch turns them into a higher-order op that fake tensors
 run as a no-op. Triton imported while the trace runs (a library importing it lazily) is
@@ -44,6 +45,9 @@ import torch
 # Global scratch one device-side tensor descriptor (``tl.make_tensor_descriptor``) takes, per
 # program: a CUtensorMap is 128 bytes, 128-byte aligned (Triton's TMA lowering).
 TMA_DESCRIPTOR_BYTES = 128
+# The buffer triton.testing.do_bench zeroes between timed calls (the NVIDIA driver's
+# get_empty_cache_for_benchmark): an autotuned kernel's first launch on a new key allocates it.
+TRITON_FLUSH_BYTES = 256 * 1024 * 1024
 MAX_KERNEL_NOTES = 8  # kernels named in the notes, most launched first
 
 # module -> (class, method) patched when that module is loaded
@@ -88,6 +92,7 @@ class Launches:
         self.notes: list[str] = []  # one-off remarks (a warmup, scratch that could not be sized)
         self.analysed: dict[int, tuple[Any, Any]] = {}  # kernel id -> (kernel, the parameters it writes)
         self.counted = 0  # >0 inside a wrap_triton launch that was counted already
+        self.timed: dict[int, set] = {}  # autotuner id -> the keys whose configs were timed
 
     # ------------------------------------------------------------------ which launches
     def traced_tensors(self, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
@@ -439,6 +444,32 @@ def _jit_run(launches: Launches, orig: Callable[..., Any]) -> Callable[..., Any]
     return run
 
 
+def _benchmark_allocations(launches: "Launches", tuner: Any, args: tuple, kwargs: dict) -> None:
+    """What timing the configs allocates on the GPU, the first time a key is seen (``Autotuner.run``
+    -> ``_bench`` -> ``triton.testing.do_bench``): copies of the ``restore_value`` arguments, made
+    before each timed call and dropped after it, and the 256 MiB buffer ``do_bench`` zeroes
+    between calls to flush the L2 (``get_empty_cache_for_benchmark``; 268,435,456 B requests on an
+    H200, one per config). Each config allocates the same, in blocks the caching allocator keeps:
+    once is what the peak and the reserved memory see."""
+    named = {**dict(zip(tuner.arg_names, args)), **kwargs}
+    key = tuple(named.get(k) for k in getattr(tuner, "keys", ()))
+    key += tuple(str(a.dtype) for a in named.values() if hasattr(a, "dtype"))
+    seen = launches.timed.setdefault(id(tuner), set())
+    if key in seen:
+        return
+    seen.add(key)
+    restore = [named[n] for n in getattr(tuner, "restore_value", ()) if isinstance(named.get(n), torch.Tensor)]
+
+    def timed_call() -> None:
+        copies = [t.clone() for t in restore]
+        del copies
+
+    timed_call()
+    flush = torch.empty(TRITON_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    timed_call()
+    del flush
+
+
 def _autotuner_run(launches: Launches, orig: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if launches.traced_tensors(args, kwargs) is None:
@@ -449,7 +480,9 @@ def _autotuner_run(launches: Launches, orig: Callable[..., Any]) -> Callable[...
             prune = getattr(self, "early_config_prune", None)
             if len(configs) > 1 and prune is not None:
                 configs = prune(configs, self.nargs, **kwargs) or configs
-            config = configs[0]  # no benchmark without a GPU: which config does not change memory
+            if len(configs) > 1:
+                _benchmark_allocations(launches, self, args, kwargs)
+            config = configs[0]  # no timing without a GPU: which config wins does not change memory
             self.best_config = config  # read by some callers (Liger's fused SwiGLU backward)
             if config.pre_hook is not None:
                 config.pre_hook({**self.nargs, **kwargs, **config.all_kwargs()})
