@@ -376,3 +376,31 @@ def triton_poi_fused_gelu_0(in_out_ptr0, in_ptr0, xnumel, XBLOCK : tl.constexpr)
     assert tune.mutated == {"in_out_ptr0"} and tune.optimize_mem
     assert tune.arg_names[:2] == ("in_out_ptr0", "in_ptr0")
     assert autotune_of("user_kernel", "@triton.jit\ndef user_kernel(x):\n    pass\n") is None
+
+
+HEAD = """
+import torch, torch.nn as nn
+model = torch.compile(nn.Linear(768, 50257, bias=False).cuda())
+x = torch.randn(4096, 768, device="cuda")
+for i in range(2):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = model(x)
+    y.float().sum().backward()
+"""
+
+
+def test_pad_mm_times_a_misaligned_half_matmul_and_pads_it():
+    """An H200 compiling GPT-2's 50,257-word head timed padded and unpadded matmuls on real
+    matrices while compiling, then padded it (logits strided 50,264): both are modelled."""
+    tr = trace(HEAD, {}, mode="fake", device=H100)
+    timing = [e for e in tr.events if e.op == "inductor.pad_mm_timing"]
+    sizes = {e.bytes for e in timing if e.kind == "alloc"}
+    assert 4096 * 50257 * 2 in sizes and 4096 * 50264 * 2 in sizes  # unpadded and padded outputs
+    assert {e.iteration for e in timing} == {0}
+    assert sum(e.kind == "alloc" for e in timing) == sum(e.kind == "free" for e in timing)
+    # the compiled step's own output is the padded one, every step
+    outs = [e.bytes for e in tr.events if e.kind == "alloc" and e.iteration == 1 and e.op == "aten.empty_strided.default"]
+    assert 4096 * 50264 * 2 in outs
+    fp32 = trace(HEAD.replace('dtype=torch.bfloat16', 'enabled=False'), {}, mode="fake", device=H100)
+    # float32 is left as it is
+    assert not any(e.kind == "alloc" and e.bytes == 4096 * 50264 * 4 for e in fp32.events)

@@ -111,3 +111,83 @@ def benchmark_allocations(tune: Autotune, args: tuple, l2_cache_bytes: int) -> i
     timed_call()
     del flush
     return sum(_span(a) * a.element_size() for a in written)
+
+
+def pad_mm_timing(mat1: Any, mat2: Any, op: Any, input: Any, l2_cache_bytes: int) -> list[tuple[str, str, int]]:
+    """The allocations of pad_mm's timing of one matmul while Inductor compiles (``_should_pad``):
+    real random copies of its inputs (``realize_tensor``), then ``benchmark_gpu`` of the unpadded
+    op (its output, the L2 flush buffer) and of the padded one (inputs padded to the alignment,
+    a padded output). As ``("alloc" | "free", slot, bytes)`` steps for ``Tracer.transients``.
+    Measured on an H200 for GPT-2's head (768 x 50,257 weight): 77,194,752 B and 77,205,504 B
+    copies, 823,410,688 B and 823,525,376 B outputs, 62,914,560 B flush buffers."""
+    from torch._inductor.fx_passes.pad_mm import get_alignment_size, get_padded_length
+
+    def nbytes(shape: Any, dtype: torch.dtype) -> int:
+        n = 1
+        for s in shape:
+            n *= int(s)
+        return n * torch.empty((), dtype=dtype).element_size()
+
+    dtype = mat1.dtype
+    if op is torch.ops.aten.bmm:
+        b, (m, k), n = int(mat1.shape[0]), mat1.shape[1:], int(mat2.shape[2])
+    else:
+        b, (m, k), n = 1, mat1.shape, int(mat2.shape[1])
+    m, k = int(m), int(k)
+    pm, pk = get_padded_length(m, get_alignment_size(mat1)), get_padded_length(k, get_alignment_size(mat1))
+    pn = get_padded_length(n, get_alignment_size(mat2))
+    lead = (b,) if op is torch.ops.aten.bmm else ()
+    steps = [("alloc", "mat1", nbytes((*lead, m, k), dtype)), ("alloc", "mat2", nbytes((*lead, k, n), mat2.dtype))]
+    if op is torch.ops.aten.addmm and input is not None:
+        steps.append(("alloc", "input", nbytes(input.shape, input.dtype)))
+    out, out_pad = nbytes((*lead, m, n), dtype), nbytes((*lead, m + pm, n + pn), dtype)
+    for name, size in (("out", out), ("out_pad", out_pad)):
+        pads = []
+        if name == "out_pad":
+            if pm or pk:
+                pads.append(("mat1_pad", nbytes((*lead, m + pm, k + pk), dtype)))
+            if pk or pn:
+                pads.append(("mat2_pad", nbytes((*lead, k + pk, n + pn), mat2.dtype)))
+        call = [*(("alloc", s, z) for s, z in pads), ("alloc", name, size), ("free", name, 0),
+                *(("free", s, 0) for s, _ in pads)]
+        steps += call + [("alloc", "flush", l2_cache_bytes)] + call + [("free", "flush", 0)]
+    steps += [("free", "mat1", 0), ("free", "mat2", 0)]
+    if op is torch.ops.aten.addmm and input is not None:
+        steps.append(("free", "input", 0))
+    return steps
+
+
+def pad_mm_should_pad(timed: Any, l2_cache_bytes: int) -> Any:
+    """pad_mm's ``_should_pad`` on the virtual GPU: its own rules up to the timing; then what the
+    timing allocates is handed to ``timed`` (a list of steps), and half-precision matmuls are
+    padded, as the timing chose on an H200 for GPT-2's head (tensor cores want dimensions in
+    multiples of 8; float32 ones are left as they are)."""
+    from torch._inductor import config
+    from torch._inductor.fx_passes import pad_mm
+
+    def should_pad(match: Any, mat1: Any, mat2: Any, op: Any, input: Any = None) -> bool:
+        aten = torch.ops.aten
+        if op is aten.mm or op is aten.addmm:
+            m, k, n = mat1.shape[0], mat1.shape[1], mat2.shape[1]
+        elif op is aten.bmm:
+            m, k, n = mat1.shape[1], mat1.shape[2], mat2.shape[2]
+        else:
+            return False
+        if config.force_shape_pad:
+            return True
+        if not all(isinstance(d, int) for d in (m, k, n)):
+            return False  # symbolic sizes: no hint to time with here
+        if ("pad_aten_mm_pass" in config.post_grad_fusion_options
+                and pad_mm.should_pad_mm_bf16(mat1.dtype, m, n, k)):
+            return True
+        try:
+            if not pad_mm.is_mm_compute_bound(m, k, n, mat1.dtype):
+                return False
+        except Exception:  # noqa: BLE001 - a torch whose rule asks something the virtual GPU lacks
+            return False
+        if getattr(config, "deterministic", False):
+            return False
+        timed(pad_mm_timing(mat1, mat2, op, input, l2_cache_bytes))
+        return mat1.dtype in (torch.float16, torch.bfloat16)
+
+    return should_pad

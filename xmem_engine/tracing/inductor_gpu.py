@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.tracing.inductor_autotune import autotune_of, benchmark_allocations
+from xmem_engine.tracing.inductor_autotune import autotune_of, benchmark_allocations, pad_mm_should_pad
 from xmem_engine.tracing.patches import patched_attr, patched_item
 
 
@@ -162,8 +162,8 @@ def _constants_on_cpu(unset_fake: Callable[[], Any]) -> Callable[[], Any]:
 
 
 @contextlib.contextmanager
-def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType], None] = lambda mod: None
-                             ) -> Iterator[None]:
+def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType], None] = lambda mod: None,
+                             on_pad_timing: Callable[[list], None] = lambda steps: None) -> Iterator[None]:
     """Dynamo's device interface, Triton's driver and Inductor's compile-time queries answered
     for the target GPU; Triton kernels made into :class:`NoopKernel`; no caches, no worker
     pool, no benchmarking. Everything is put back on exit."""
@@ -269,8 +269,11 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
         P(PyCodeCache, "load_by_key_path", classmethod(load_by_key_path))
         P(joint_graph.UniformValueConstantFolder, "run", fold)
         P(proxy_tensor, "unset_fake_temporarily", _constants_on_cpu(proxy_tensor.unset_fake_temporarily))
-        # pad_mm times padded and unpadded matmuls on real GPU tensors: "don't pad"
-        if hasattr(pad_mm, "get_cached_should_pad"):
+        # pad_mm times padded and unpadded matmuls on real GPU tensors: its allocations are
+        # reported (on_pad_timing), half-precision matmuls padded (inductor_autotune.py)
+        if hasattr(pad_mm, "_should_pad"):
+            P(pad_mm, "_should_pad", pad_mm_should_pad(on_pad_timing, NoopKernel.l2_cache_bytes))
+        elif hasattr(pad_mm, "get_cached_should_pad"):
             P(pad_mm, "get_cached_should_pad", lambda key: False)
         di.get_interface_for_device("cpu")  # the registry is filled on first use
         stack.enter_context(patched_item(di.device_interfaces, "cuda", VirtualCudaInterface))

@@ -22,10 +22,11 @@ graph break) runs without the device mode, so a graph break is named in the note
 
 What is not the GPU's
 ---------------------
-Inductor's choices that a GPU makes by timing are made by fixed rules here: pad_mm pads no
-matmul (and its timing, which allocates real matrices while compiling, is not modelled),
-``max-autotune`` is off (ATen kernels, no template workspaces); Triton's autotuning of each
-kernel's configs is not run, but what it allocates is (``inductor_autotune.py``). ``mode="reduce-overhead"`` (CUDA graphs) runs without graphs.
+Inductor's choices that a GPU makes by timing are made by fixed rules here: pad_mm pads
+half-precision matmuls whose sizes miss the tensor cores' multiple of 8 (an H200's timing chose
+so for GPT-2's head), ``max-autotune`` is off (ATen kernels, no template workspaces); neither
+pad_mm's nor Triton's autotuning timings run, but what they allocate on the GPU is allocated
+(``inductor_autotune.py``). ``mode="reduce-overhead"`` (CUDA graphs) runs without graphs.
 Each is said in the notes where the script asked for it.
 
 On a torch without Triton (the CPU wheel) Inductor cannot generate CUDA code: compiled code
@@ -54,6 +55,7 @@ from xmem_engine.tracing.patches import eager_compiled, patched_attr
 COMPILE_MODES = ("inductor", "eager")
 #: why compiled code ran eagerly when the user asked for it (``CompileRecord.eager``)
 ASKED_EAGER = "asked: --compile eager"
+PAD_MM_TIMING = "inductor.pad_mm_timing"  # the op name of pad_mm's timing allocations in the trace
 
 #: the torch.compile modes whose GPU behaviour is not modelled, and what the notes say of them
 UNMODELLED_MODES = {
@@ -127,11 +129,11 @@ class CompileRecord:
             out.append(f"torch.compile at {where}: compiled for the target GPU by Inductor on the CPU "
                        f"({self.graphs} graph{'s' if self.graphs != 1 else ''}{bw}; the CPU compile took "
                        f"{self.seconds:.1f} s). The estimate is the compiled step's: Inductor's buffers and "
-                       "the partitioner's saved activations, and Triton's autotuning at each kernel's first "
-                       "launch (an L2-sized buffer and copies of what the kernel writes, freed at once). Not in "
-                       "it: pad_mm's timing of padded and unpadded matmuls while Inductor compiles (real "
-                       "inputs and outputs of each misaligned matmul, first step only): on an H200, GPT-2's "
-                       "50,257-word head made it reserve 8% more than the estimate")
+                       "the partitioner's saved activations, and what the GPU's timings allocate in the first "
+                       "step (pad_mm's real matrices while compiling; at each kernel's first launch an L2-sized "
+                       "buffer and copies of what it writes). The timings' choices are fixed rules here: "
+                       "half-precision matmuls whose sizes are not multiples of 8 padded, Inductor's default "
+                       "kernel configs")
         if self.graph_breaks:
             shown = "; ".join(self.graph_breaks[:3])
             more = f" (and {len(self.graph_breaks) - 3} more)" if len(self.graph_breaks) > 3 else ""
@@ -250,7 +252,8 @@ class CompiledCalls:
             torch._C._ensureCUDADeviceGuardSet()
             _dynamo_skips_the_tracer()
             self.stack.enter_context(inductor_for_virtual_gpu(
-                self.t.vc.props, lambda mod: self.record.wrappers.append(getattr(mod, "__file__", "") or "")))
+                self.t.vc.props, lambda mod: self.record.wrappers.append(getattr(mod, "__file__", "") or ""),
+                lambda steps: self.t.transients(PAD_MM_TIMING, steps)))
             self.stack.callback(self._forget)
             self.installed = True
 
