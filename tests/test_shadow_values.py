@@ -194,3 +194,19 @@ n = int(mask.sum().item())
     assert ns["nonzero"] == 32 and ns["n"] == 2 and "guesses" not in tr.meta  # the weights and the mask known
     # computed for real: the mask's cast and the two host-to-GPU copies, not autocast's casts of the weights
     assert computed.count("aten._to_copy.default") == 3, computed
+
+
+def test_factories_shaped_like_an_unknown_tensor_are_known():
+    """``torch.ones_like(input_ids)`` (an attention mask for "no padding") reads only the shape of
+    random ids: its values are known, and so is ``torch.all(mask == 1)``."""
+    ns: dict = {}
+    tr = trace("import torch\n"
+               "ids = torch.randint(0, 100, (4, 16), device='cuda')\n"
+               "mask = torch.ones_like(ids)\n"
+               "zeros = torch.zeros_like(ids, dtype=torch.float32)\n"
+               "full = torch.full_like(ids, 7)\n"
+               "ok = bool(torch.all(mask == 1)) and float(zeros.sum()) == 0 and int(full.max()) == 7\n"
+               "rand = torch.rand_like(zeros)\n"
+               "guessed = bool(rand.sum() > 0)\n", ns, mode="fake")
+    assert ns["ok"]
+    assert [g["where"] for g in tr.meta["guesses"]] == ["<cell>:8"]  # only the random one is guessed

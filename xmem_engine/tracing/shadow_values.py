@@ -43,6 +43,18 @@ def _fake_type() -> type:
 
 # In-place ops whose result does not depend on what the tensor held.
 _OVERWRITES = frozenset({torch.ops.aten.zero_.default, torch.ops.aten.fill_.Scalar})
+# Factories shaped like a tensor whose values do not depend on what it holds:
+# ``torch.ones_like(input_ids)``, the attention mask a script passes for "no padding".
+_LIKE = frozenset({torch.ops.aten.ones_like.default, torch.ops.aten.zeros_like.default,
+                   torch.ops.aten.full_like.default})
+
+
+def _stand_in(t: torch.Tensor) -> torch.Tensor:
+    """A real CPU tensor of ``t``'s shape, strides and dtype (uninitialised), for ops that read no values."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
 
 
 def _isin_few(elements: Any, test_elements: Any, *, assume_unique: bool = False, invert: bool = False) -> Any:
@@ -161,6 +173,9 @@ class Shadows:
             # forward: 11% of a GRPO trace, whose 256 generated tokens are 256 forwards). Its
             # values feed matmuls with activations, which are never known.
             known = False
+        if known and func in _LIKE and type(args[0]) is fake:
+            args = (_stand_in(args[0]), *args[1:])  # only its shape, dtype and layout are read
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "pin_memory")}  # shadows live on the host
         if known and self._all_known(args, kwargs):
             real = self._real_args(args, kwargs)
             from torch._subclasses.fake_tensor import unset_fake_temporarily
