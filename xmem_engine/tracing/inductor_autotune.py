@@ -158,10 +158,10 @@ def pad_mm_timing(mat1: Any, mat2: Any, op: Any, input: Any, l2_cache_bytes: int
 
 
 def pad_mm_should_pad(timed: Any, l2_cache_bytes: int) -> Any:
-    """pad_mm's ``_should_pad`` on the virtual GPU: its own rules up to the timing; then what the
-    timing allocates is handed to ``timed`` (a list of steps), and half-precision matmuls are
-    padded, as the timing chose on an H200 for GPT-2's head (tensor cores want dimensions in
-    multiples of 8; float32 ones are left as they are)."""
+    """pad_mm's ``_should_pad`` (``_should_pad_bench`` in torch 2.10) on the virtual GPU: its own
+    rules up to the timing; then what the timing allocates is handed to ``timed`` (a list of
+    steps), and half-precision matmuls are padded, as the timing chose on an H200 for GPT-2's
+    head (tensor cores want dimensions in multiples of 8; float32 ones are left as they are)."""
     from torch._inductor import config
     from torch._inductor.fx_passes import pad_mm
 
@@ -177,6 +177,9 @@ def pad_mm_should_pad(timed: Any, l2_cache_bytes: int) -> Any:
             return True
         if not all(isinstance(d, int) for d in (m, k, n)):
             return False  # symbolic sizes: no hint to time with here
+        if not any(pad_mm.get_padded_length(d, pad_mm.get_alignment_size(t))
+                   for d, t in ((m, mat1), (k, mat1), (n, mat2))):
+            return False  # aligned already: nothing to time
         if ("pad_aten_mm_pass" in config.post_grad_fusion_options
                 and pad_mm.should_pad_mm_bf16(mat1.dtype, m, n, k)):
             return True

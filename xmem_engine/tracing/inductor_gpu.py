@@ -271,8 +271,9 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
         P(proxy_tensor, "unset_fake_temporarily", _constants_on_cpu(proxy_tensor.unset_fake_temporarily))
         # pad_mm times padded and unpadded matmuls on real GPU tensors: its allocations are
         # reported (on_pad_timing), half-precision matmuls padded (inductor_autotune.py)
-        if hasattr(pad_mm, "_should_pad"):
-            P(pad_mm, "_should_pad", pad_mm_should_pad(on_pad_timing, NoopKernel.l2_cache_bytes))
+        timing = next((n for n in ("_should_pad", "_should_pad_bench") if hasattr(pad_mm, n)), None)  # 2.14, 2.10
+        if timing is not None:
+            P(pad_mm, timing, pad_mm_should_pad(on_pad_timing, NoopKernel.l2_cache_bytes))
         elif hasattr(pad_mm, "get_cached_should_pad"):
             P(pad_mm, "get_cached_should_pad", lambda key: False)
         di.get_interface_for_device("cpu")  # the registry is filled on first use
