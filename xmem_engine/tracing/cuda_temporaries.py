@@ -21,6 +21,8 @@ show them on real GPUs):
   of the index count, and frees them in reverse order when it returns. CUB's own temporary
   storage for the radix sort is not re-created: its size is CUB's choice (1 B for 512 keys
   on the recorded runs), not given by PyTorch's source.
+* ``_softmax`` / ``_log_softmax`` of a non-contiguous input copy it contiguous for the kernel
+  (:func:`contiguous_input`).
 * Reductions over dimensions (``sum``, ``mean``, ``amax``, ``max(dim)``, ``norm``, ``var``...)
   run ``gpu_reduce_kernel``, which allocates a staging buffer and its semaphores when it
   splits each output's inputs across thread blocks: sizes from the launch configuration,
@@ -152,8 +154,22 @@ def reduction(kind: str, dim_at: int | None, outputs: int = 1) -> Callable[[tupl
     return rule
 
 
+def contiguous_input(args: tuple, kwargs: dict, device: Device) -> list[Step] | None:
+    """``host_softmax`` (``cuda/SoftMax.cu``) runs on ``input_.contiguous()``, after the structured
+    op allocated its (contiguous) output: a strided input, such as the logits of a matmul whose
+    output Inductor padded (row stride 50,264 for GPT-2's 50,257 words), is copied for the kernel
+    and freed when it returns. The compiled GPT-2 recorded on an H200 shows the copy, 823,410,688 B
+    at the loss, every step (benchmarks/data/gpu_groundtruth-nvidia-h200-2026-12-04.jsonl)."""
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or x.is_contiguous():
+        return None
+    return [("alloc", "input", x.numel() * x.element_size()), ("free", "input", 0)]
+
+
 _aten = torch.ops.aten
 RULES: dict[Any, Callable[[tuple, dict, Device], list[Step] | BySM | None]] = {
+    _aten._log_softmax.default: contiguous_input,
+    _aten._softmax.default: contiguous_input,
     _aten._index_put_impl_.default: index_put_with_sort,
     _aten.index_put_.default: index_put_with_sort,
     _aten.index_put.default: index_put_with_sort,
