@@ -18,6 +18,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO / "benchmarks" / "data"
@@ -58,35 +59,47 @@ def first_divergence(predicted: list[tuple[int, str, str]], recorded: list[tuple
     return "none: identical request sequence"
 
 
-def compare_record(rec: dict, base_dir: Path, gpu_name: str | None = None) -> Comparison:
+def estimate_recorded(rec: dict, gpu_name: str | None = None) -> Any:
+    """xmem's estimate of a recorded run: its script with the same overrides and allocator settings,
+    for the recorded GPU (or ``gpu_name``) and PyTorch version."""
     from xmem_engine.estimate import estimate_script, resolve_gpu
     from xmem_engine.overrides import as_set_text
 
+    env = rec.get("env") or {}
+    gpu = resolve_gpu(gpu_name or env.get("gpu_name") or "")
+    overrides = {k: as_set_text(v) for k, v in (rec.get("overrides") or {}).items() if k != "device"}
+    alloc_conf = (rec.get("env_vars") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or env.get("alloc_conf") or ""
+    script = Path(rec["script"])
+    if not script.is_absolute():
+        script = REPO / script
+    return estimate_script(script, gpu, overrides=overrides, alloc_conf=alloc_conf,
+                           torch_version=(env.get("torch_version") or "").split("+")[0] or None)
+
+
+def recorded_allocs(rec: dict, base_dir: Path) -> list[dict]:
+    """The recording's allocation requests, in order (device 0's ``device_traces``)."""
+    snap = load_snapshot(rec, base_dir=base_dir)
+    if snap is None:
+        raise FileNotFoundError("the record has no snapshot")
+    traces = snap.get("device_traces") or []
+    events = traces[0] if traces and isinstance(traces[0], list) else traces
+    return [e for e in events if e.get("action") == "alloc"]
+
+
+def compare_record(rec: dict, base_dir: Path, gpu_name: str | None = None) -> Comparison:
     env = rec.get("env") or {}
     name = rec.get("run", "?")
     alloc = rec.get("allocator") or {}
     dev = rec.get("device_memory") or {}
     try:
-        gpu = resolve_gpu(gpu_name or env.get("gpu_name") or "")
-        overrides = {k: as_set_text(v) for k, v in (rec.get("overrides") or {}).items() if k != "device"}
-        alloc_conf = (rec.get("env_vars") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or env.get("alloc_conf") or ""
-        script = Path(rec["script"])
-        if not script.is_absolute():
-            script = REPO / script
-        est = estimate_script(script, gpu, overrides=overrides, alloc_conf=alloc_conf,
-                              torch_version=(env.get("torch_version") or "").split("+")[0] or None)
+        est = estimate_recorded(rec, gpu_name)
     except Exception as e:  # recorded per run; the comparison goes on
         message = " ".join(f"{type(e).__name__}: {e}".split())
         return Comparison(name, env.get("gpu_name", "?"), 0, 0, 0, 0, 0, None, "", message)
     predicted = [(e.bytes, e.op, e.module) for e in est.simulated_events or [] if e.kind == "alloc"]
     recorded: list[tuple[int, str]] = []
     try:
-        snap = load_snapshot(rec, base_dir=base_dir)
-        if snap is None:
-            raise FileNotFoundError("the record has no snapshot")
-        traces = snap.get("device_traces") or []
-        events_rec = traces[0] if traces and isinstance(traces[0], list) else traces
-        recorded = [(e["size"], e.get("where") or "") for e in events_rec if e.get("action") == "alloc"]
+        recorded = [(e["size"], e.get("where") or "") for e in recorded_allocs(rec, base_dir)]
     except Exception as e:  # a run without a snapshot still compares its peaks
         recorded = []
         divergence = f"no recorded snapshot ({type(e).__name__})"
@@ -96,7 +109,7 @@ def compare_record(rec: dict, base_dir: Path, gpu_name: str | None = None) -> Co
     if dev.get("peak_used") is not None and dev.get("used_before_init") is not None:
         meas_device = dev["peak_used"] - dev["used_before_init"]
     return Comparison(
-        run=name, gpu=gpu.key,
+        run=name, gpu=est.target.key,
         pred_allocated=est.peak_allocated_bytes, meas_allocated=int(alloc.get("max_memory_allocated") or 0),
         pred_reserved=est.peak_reserved_bytes, meas_reserved=int(alloc.get("max_memory_reserved") or 0),
         pred_device=est.peak_device_bytes, meas_device=meas_device, first_divergence=divergence,

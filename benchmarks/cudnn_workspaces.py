@@ -187,37 +187,17 @@ def measure(problems: Path, out_dir: Path, budget_s: float, dry_run: bool) -> Pa
     return out
 
 
-def _recorded_allocs(rec: dict, base: Path) -> list[int]:
-    from benchmarks._snapshot_trim import load_snapshot
-
-    snap = load_snapshot(rec, base_dir=base)
-    traces = (snap or {}).get("device_traces") or []
-    traces = traces[0] if traces and isinstance(traces[0], list) else traces
-    return [e["size"] for e in traces if e.get("action") == "alloc"]
-
-
 def workspaces_in_recording(rec: dict, base: Path) -> tuple[dict[str, list[int]], int, int]:
     """Per problem key, the workspace sizes one recorded run shows; also the calls read and skipped."""
     import difflib
     import os
 
-    from xmem_engine.estimate import estimate_script
-    from xmem_engine.overrides import as_set_text
+    from benchmarks.compare_groundtruth import estimate_recorded, recorded_allocs
+    from xmem_engine.tracing.patches import patched_item
 
-    gpu_sizes = _recorded_allocs(rec, base)
-    env = rec.get("env") or {}
-    overrides = {k: as_set_text(v) for k, v in (rec.get("overrides") or {}).items() if k != "device"}
-    alloc_conf = (rec.get("env_vars") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or ""
-    before = os.environ.get("XMEM_CUDNN_WORKSPACES")
-    os.environ["XMEM_CUDNN_WORKSPACES"] = "off"  # xmem's own requests only
-    try:
-        est = estimate_script(rec["script"], env.get("gpu_name") or "", overrides=overrides, alloc_conf=alloc_conf,
-                              torch_version=(env.get("torch_version") or "").split("+")[0] or None)
-    finally:
-        if before is None:
-            del os.environ["XMEM_CUDNN_WORKSPACES"]
-        else:
-            os.environ["XMEM_CUDNN_WORKSPACES"] = before
+    gpu_sizes = [e["size"] for e in recorded_allocs(rec, base)]
+    with patched_item(os.environ, "XMEM_CUDNN_WORKSPACES", "off"):  # xmem's own requests only
+        est = estimate_recorded(rec)
     xm = [e for e in est.simulated_events if e.kind == "alloc"]
     sm = difflib.SequenceMatcher(None, [e.bytes for e in xm], gpu_sizes, autojunk=False)
     at: dict[int, int] = {}  # xmem alloc index -> GPU alloc index

@@ -27,8 +27,9 @@ keeps it, as a first run pays it.
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -87,9 +88,21 @@ def _span(t: torch.Tensor) -> int:
     return sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
 
 
-def benchmark_allocations(tune: Autotune, args: tuple, l2_cache_bytes: int) -> int:
-    """Allocate and free on the (virtual) GPU what timing ``tune``'s configs would; returns the
-    bytes of argument copies made. Called at the kernel's first launch, under the device mode."""
+def timed_calls(copies: Callable[[], list], flush_bytes: int) -> None:
+    """What timing a kernel keeps alive on the (virtual) GPU, as Triton's and Inductor's
+    benchmarkers run it: a warm-up call's copies of its arguments, then the cache-flush buffer
+    (int32) and a timed call's copies beside it; all freed at the end. Every further call and
+    config allocates the same sizes again, from the blocks the caching allocator kept."""
+    made = copies()
+    del made
+    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
+    made = copies()
+    del made, flush
+
+
+def benchmark_allocations(tune: Autotune, args: tuple, l2_cache_bytes: int) -> None:
+    """Allocate and free on the (virtual) GPU what timing ``tune``'s configs would. Called at the
+    kernel's first launch, under the device mode."""
     written = [a for n, a in zip(tune.arg_names, args) if n in tune.mutated and isinstance(a, torch.Tensor)
                and a.device.type == "cuda"]
     if tune.optimize_mem and written:
@@ -102,15 +115,7 @@ def benchmark_allocations(tune: Autotune, args: tuple, l2_cache_bytes: int) -> i
                 kept.append(a)
         written = kept
 
-    def timed_call() -> None:
-        copies = [torch.empty(_span(a), dtype=a.dtype, device=a.device) for a in written]
-        del copies
-
-    timed_call()  # the warm-up call, before the flush buffer
-    flush = torch.empty(l2_cache_bytes // 4, dtype=torch.int32, device="cuda")
-    timed_call()
-    del flush
-    return sum(_span(a) * a.element_size() for a in written)
+    timed_calls(lambda: [torch.empty(_span(a), dtype=a.dtype, device=a.device) for a in written], l2_cache_bytes)
 
 
 def pad_mm_timing(mat1: Any, mat2: Any, op: Any, input: Any, l2_cache_bytes: int) -> list[tuple[str, str, int]]:
@@ -123,10 +128,7 @@ def pad_mm_timing(mat1: Any, mat2: Any, op: Any, input: Any, l2_cache_bytes: int
     from torch._inductor.fx_passes.pad_mm import get_alignment_size, get_padded_length
 
     def nbytes(shape: Any, dtype: torch.dtype) -> int:
-        n = 1
-        for s in shape:
-            n *= int(s)
-        return n * torch.empty((), dtype=dtype).element_size()
+        return math.prod(int(s) for s in shape) * dtype.itemsize
 
     dtype = mat1.dtype
     if op is torch.ops.aten.bmm:

@@ -4,8 +4,8 @@ Every query a compiler makes about "the" CUDA device (Dynamo's device interface,
 driver and target, Inductor's device properties and ``functools.cache``d answers) is answered
 for the target GPU; Triton kernels become :class:`NoopKernel`; the generated wrapper's
 driver calls are made virtual (:func:`virtualize_wrapper`); no caches, no worker pool, no
-benchmarking (its allocations are made instead, ``inductor_autotune.py``). ``torch_compile.py`` enters :func:`inductor_for_virtual_gpu` for a trace that
-compiles. Research: ``docs/compile-on-cpu.md``.
+benchmarking (its allocations are made instead, ``inductor_autotune.py``). ``torch_compile.py``
+enters :func:`inductor_for_virtual_gpu` for a trace that compiles. Research: ``docs/compile-on-cpu.md``.
 """
 
 from __future__ import annotations
@@ -87,8 +87,7 @@ class NoopKernel:
     """What ``AsyncCompile.triton`` gives back: a launch that computes nothing. Its first launch
     allocates what the GPU's autotuning of its configs would (``inductor_autotune.py``)."""
 
-    l2_cache_bytes = 41_943_040  # the target GPU's, set by inductor_for_virtual_gpu
-    autotune_bytes = 0  # argument copies the first launches made, all kernels (for the notes)
+    l2_cache_bytes: int  # the target GPU's, set by inductor_for_virtual_gpu
 
     def __init__(self, name: str, source: str):
         self.name, self.source = name, source
@@ -97,7 +96,7 @@ class NoopKernel:
 
     def run(self, *args: Any, **kwargs: Any) -> None:
         if self.launches == 0 and self.autotune is not None and self.autotune.configs > 1:
-            NoopKernel.autotune_bytes += benchmark_allocations(self.autotune, args, self.l2_cache_bytes)
+            benchmark_allocations(self.autotune, args, self.l2_cache_bytes)
         self.launches += 1
 
     __call__ = run
@@ -263,7 +262,7 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
             if hasattr(icfg, key):
                 stack.enter_context(icfg.patch(key, value))
         stack.enter_context(icfg.patch("triton.cudagraphs", False))
-        P(NoopKernel, "l2_cache_bytes", int(getattr(props, "L2_cache_size", NoopKernel.l2_cache_bytes)))
+        P(NoopKernel, "l2_cache_bytes", p.L2_cache_size)
         P(AsyncCompile, "triton", lambda self, kernel_name, source_code, device_str="cuda": NoopKernel(kernel_name, source_code))
         P(AsyncCompile, "wait", lambda self, scope: None)
         P(PyCodeCache, "load_by_key_path", classmethod(load_by_key_path))
@@ -273,7 +272,7 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
         # reported (on_pad_timing), half-precision matmuls padded (inductor_autotune.py)
         timing = next((n for n in ("_should_pad", "_should_pad_bench") if hasattr(pad_mm, n)), None)  # 2.14, 2.10
         if timing is not None:
-            P(pad_mm, timing, pad_mm_should_pad(on_pad_timing, NoopKernel.l2_cache_bytes))
+            P(pad_mm, timing, pad_mm_should_pad(on_pad_timing, p.L2_cache_size))
         elif hasattr(pad_mm, "get_cached_should_pad"):
             P(pad_mm, "get_cached_should_pad", lambda key: False)
         di.get_interface_for_device("cpu")  # the registry is filled on first use

@@ -42,6 +42,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from xmem_engine.tracing.inductor_autotune import timed_calls
+
 # Global scratch one device-side tensor descriptor (``tl.make_tensor_descriptor``) takes, per
 # program: a CUtensorMap is 128 bytes, 128-byte aligned (Triton's TMA lowering).
 TMA_DESCRIPTOR_BYTES = 128
@@ -459,15 +461,7 @@ def _benchmark_allocations(launches: "Launches", tuner: Any, args: tuple, kwargs
         return
     seen.add(key)
     restore = [named[n] for n in getattr(tuner, "restore_value", ()) if isinstance(named.get(n), torch.Tensor)]
-
-    def timed_call() -> None:
-        copies = [t.clone() for t in restore]
-        del copies
-
-    timed_call()
-    flush = torch.empty(TRITON_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    timed_call()
-    del flush
+    timed_calls(lambda: [t.clone() for t in restore], TRITON_FLUSH_BYTES)
 
 
 def _autotuner_run(launches: Launches, orig: Callable[..., Any]) -> Callable[..., Any]:
