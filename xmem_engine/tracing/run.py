@@ -67,6 +67,7 @@ from xmem_engine.tracing.checkpoints import kept_in_memory
 from xmem_engine.tracing.guesses import GUESS_HEADLINE, Guesses
 from xmem_engine.tracing.steady import bind as steady_bind, steady_code
 from xmem_engine.tracing.host_memory import ENV as HOST_ENV, HostBudget, HostMemoryExceeded, gib
+from xmem_engine.tracing.out_metas import out_variant_metas
 from xmem_engine.tracing.shadow_values import Shadows
 from xmem_engine.tracing.torch_compile import COMPILE_MODES, CompiledCalls
 from xmem_engine.tracing.tracer import Tracer
@@ -423,6 +424,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
             # FakeTensorMode logs every failing meta kernel (a user's shape error) with a
             # traceback of its own; the error itself reaches the user's code.
             stack.enter_context(logger_level("torch._subclasses.fake_tensor", logging.CRITICAL))
+            stack.enter_context(out_variant_metas())  # Inductor's _scaled_mm(out=): no real fallback
             fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
             tracer.fake_mode = fake_mode
             tracer.shadows = Shadows()
