@@ -363,6 +363,18 @@ class VirtualGPUBackend:
     def __init__(self, calls: CompiledCalls, inner: Any, where: str):
         self.calls, self.inner, self.where = calls, inner, where
 
+    def __eq__(self, other: object) -> bool:
+        """Equal for the same trace and an equal ``inner``, as Inductor's wrappers are equal for
+        equal settings: Dynamo reuses a graph compiled by an equal backend. A library that calls
+        ``torch.compile(fn, ...)`` anew each time (torchao's ``AdamW8bit``, once a parameter)
+        got a new backend every call and a recompile of every graph (42 for 7 shapes)."""
+        if not isinstance(other, VirtualGPUBackend):
+            return NotImplemented
+        return self.calls is other.calls and (self.inner is other.inner or self.inner == other.inner)
+
+    def __hash__(self) -> int:
+        return hash(id(self.calls))
+
     def __deepcopy__(self, memo: dict) -> "VirtualGPUBackend":
         """Itself: it holds the trace. Lightning's ``torch.compile`` wrapper deep-copies the
         arguments of each call (to compile again in ``Fabric.setup``), the backend among them."""
