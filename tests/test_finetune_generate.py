@@ -150,10 +150,22 @@ def test_beam_search_runs_to_max_new_tokens():
                    and g["value"] == "False")  # never "no beam can continue"
 
 
-@pytest.mark.xfail(reason="the returned sequences are cropped to the finished beams' longest, a count of guessed "
-                   "beam indices (transformers' _beam_search 'max_generated_length'): 0 here, where a GPU whose "
-                   "beams all reach max_new_tokens returns P + NEW; the crop is a view, so memory is unchanged",
-                   strict=True)
 def test_beam_search_returns_sequences_of_max_new_tokens():
+    """transformers crops the sequences to the finished beams' longest, a count of guessed beam
+    indices (0 here); a GPU whose beams all run to max_new_tokens returns P + NEW columns."""
     _, ns = _generate(kw="num_beams=4, do_sample=False")
     assert ns["shape"] == (B, P + NEW)
+
+
+def test_whole_rows_undoes_a_column_crop_only():
+    import torch
+
+    from xmem_engine.tracing.generation import whole_rows
+
+    x = torch.arange(24).view(4, 6)
+    assert torch.equal(whole_rows(x[:, :2], 6), x)
+    assert whole_rows(x[1:3, :2], 6).shape == (2, 6)
+    assert whole_rows(x, 6) is x and whole_rows(x[:, :2], 7).shape == (4, 2)  # wider than its rows
+    assert whole_rows(x.t(), 9) .shape == (6, 4)  # rows not contiguous
+    beams = torch.arange(2 * 3 * 5).view(2, 3, 5)[:, :1, :].reshape(2, 5)[:, :2]  # rows 15 apart
+    assert torch.equal(whole_rows(beams, 5), torch.tensor([[0, 1, 2, 3, 4], [15, 16, 17, 18, 19]]))
