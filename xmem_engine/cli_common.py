@@ -202,9 +202,8 @@ def _torch_version_arg(text: str) -> str:
 
 def _script_inputs(args) -> tuple:
     """The script, GPU, ``--set`` and ``--iterations`` of ``estimate`` / ``advise``, checked."""
-    import os
-
-    from xmem_engine.estimate import DEFAULT_GPU, resolve_gpu
+    from xmem_engine.estimate import resolve_gpu
+    from xmem_engine.inputs import ENV_GPU, default_gpus, env_gpus
     from xmem_engine.gpus import GPUCatalogError, UnknownGPUError
     from xmem_engine.gpus.cudnn import WorkspaceTableError, check_setting
     from xmem_engine.overrides import OverrideError, parse_overrides
@@ -212,11 +211,11 @@ def _script_inputs(args) -> tuple:
     _check_script(args.script)
     if args.gpu is not None and not args.gpu.strip():
         raise InputError("--gpu: empty GPU name; `xmem gpus` lists the names")
-    from_env = args.gpu is None and bool(os.environ.get("XMEM_GPU"))
-    try:
-        gpu = resolve_gpu(args.gpu or os.environ.get("XMEM_GPU") or DEFAULT_GPU)
+    from_env = args.gpu is None and bool(env_gpus())
+    try:  # XMEM_GPU may list several (for sweeps and %%xmem): one estimate is for the first
+        gpu = resolve_gpu(args.gpu or default_gpus()[0])
     except UnknownGPUError as e:  # name the variable: the user may not know it is set
-        raise InputError(f"XMEM_GPU: {e}" if from_env else str(e)) from None
+        raise InputError(f"{ENV_GPU}: {e}" if from_env else str(e)) from None
     except GPUCatalogError as e:
         raise InputError(str(e)) from None
     try:
@@ -231,15 +230,12 @@ def _script_inputs(args) -> tuple:
 
 def _batch_value(script: str, var: str, flag: str) -> int:
     """The positive integer the script assigns ``var`` at top level (bad input otherwise)."""
-    from xmem_engine.overrides import OverrideError, top_level_value
+    from xmem_engine.overrides import OverrideError, positive_int_value
 
     try:
-        value = top_level_value(script, var)
+        return positive_int_value(script, var)
     except (OverrideError, SyntaxError) as e:
         raise InputError(f"{flag} {var}: {e}") from None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InputError(f"{flag} {var}: the script assigns it {value!r}; a positive integer is needed")
-    return value
 
 
 def _check_script(path: str) -> None:

@@ -73,10 +73,10 @@ def add_sweep(sub) -> None:
 def _cmd_sweep(args) -> int:
     import os
 
-    from xmem_engine.estimate import DEFAULT_GPU
+    from xmem_engine.inputs import default_gpus
     from xmem_engine.sweep import SweepInputError, SweepInterrupted, parse_set, sweep
 
-    gpus = [g.strip() for item in args.gpus for g in item.split(",")] or [os.environ.get("XMEM_GPU") or DEFAULT_GPU]
+    gpus = [g.strip() for item in args.gpus for g in item.split(",")] or default_gpus()
     for script in args.scripts:
         if os.path.exists(args.out) and os.path.exists(script) and os.path.samefile(args.out, script):
             raise InputError(f"--out {args.out}: that is the input {script}; write the output to another file")

@@ -29,6 +29,7 @@ from xmem_engine.gpus.fixed_memory import FixedMemory, Readings, fixed_memory as
 from xmem_engine.simulation.alloc_conf import AllocatorConfig, parse_alloc_conf, require_native
 from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.gpus import GPU, get_gpu, load_catalog
+from xmem_engine.inputs import DEFAULT_GPU
 from xmem_engine.simulation.simulate import SimulationResult, simulate
 from xmem_engine.trace import ALLOC, ITERATION, Trace, TraceEvent
 
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
 REPORT_MIME = "application/vnd.xmem.report+json"
 REPORT_VERSION = 1
-DEFAULT_GPU = "A100-SXM4-40GB"
 
 
 @dataclass

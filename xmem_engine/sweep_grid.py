@@ -10,11 +10,11 @@ once, here: the sweep's workers trace that text, whatever happens to the file me
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from xmem_engine.overrides import OverrideError, apply_overrides, top_level_value
+from xmem_engine.inputs import env_alloc_conf
+from xmem_engine.overrides import OverrideError, apply_overrides, positive_int_value
 
 
 class SweepInputError(ValueError):
@@ -153,7 +153,7 @@ def make_grid(
         if key not in keys:
             keys.append(key)
     confs: list[str] = []
-    for conf in alloc_confs if alloc_confs else [os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")]:
+    for conf in alloc_confs if alloc_confs else [env_alloc_conf()[1]]:
         try:
             require_native(parse_alloc_conf(conf))
         except AllocConfError as e:
@@ -199,9 +199,6 @@ def _search_start(script: str, var: str, values: list[str] | None) -> int:
             raise SweepInputError(f"--max-batch {var}: every --set {var}=... value must be a positive integer")
         return max(nums)
     try:
-        value = top_level_value(script, var)
+        return positive_int_value(script, var)
     except (OverrideError, SyntaxError) as e:
-        raise SweepInputError(f"--max-batch {var}: {e}") from None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise SweepInputError(f"--max-batch {var}: {script} assigns it {value!r}; a positive integer is needed")
-    return value
+        raise SweepInputError(f"--max-batch {var}: {script}: {e}") from None

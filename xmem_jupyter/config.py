@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from xmem_engine.estimate import DEFAULT_GPU
+from xmem_engine.inputs import ENV_GPU, default_gpus, env_alloc_conf
 
-ENV_GPU = "XMEM_GPU"
 ENV_MODE = "XMEM_MODE"
 
 
@@ -26,10 +25,7 @@ class Config:
     def default_gpus(self) -> list[str]:
         if self.gpus:
             return list(self.gpus)
-        env = os.environ.get(ENV_GPU, "").strip()
-        if env:
-            return [g.strip() for g in env.split(",") if g.strip()]
-        return [DEFAULT_GPU]
+        return default_gpus()
 
     def default_mode(self) -> str:
         return self.mode or os.environ.get(ENV_MODE, "").strip() or "auto"
@@ -37,7 +33,7 @@ class Config:
     def default_alloc_conf(self) -> str:
         if self.alloc_conf is not None:
             return self.alloc_conf
-        return os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""
+        return env_alloc_conf()[1]
 
     def describe(self) -> str:
         return (f"xmem defaults: GPU {', '.join(self.default_gpus())}; mode {self.default_mode()}; "

@@ -54,10 +54,11 @@ class AllocatorConfig:
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "AllocatorConfig":
         """Read ``PYTORCH_ALLOC_CONF`` (2.9+) or ``PYTORCH_CUDA_ALLOC_CONF``."""
-        env = os.environ if environ is None else environ
-        name = "PYTORCH_ALLOC_CONF" if env.get("PYTORCH_ALLOC_CONF") else "PYTORCH_CUDA_ALLOC_CONF"
+        from xmem_engine.inputs import env_alloc_conf
+
+        name, text = env_alloc_conf(environ)
         try:
-            return parse_alloc_conf(env.get(name) or "")
+            return parse_alloc_conf(text)
         except AllocConfError as e:  # say where it came from: the user may not know it is set
             raise AllocConfError(f"{name}: {e}") from None
 
