@@ -36,6 +36,23 @@ def test_with_batch_keeps_line_numbers():
     assert current_batch(src, "batch", {}) == 64
     assert current_batch("x = 1", "batch", {"batch": 12}) == 12
     assert current_batch("x = 1", "batch", {"batch": True}) is None
+    assert current_batch("batch = 0", "batch", {}) is None and current_batch("x = 1", "batch", {"batch": -4}) is None
+
+
+def test_the_slider_changes_what_set_changes():
+    """One rewriter (``overrides.rewrite_source``) for ``--set`` and the slider: every top-level
+    assignment, one under ``if __name__ == "__main__":`` too (a cell runs as ``__main__``);
+    the slider used to change the first only, and the cell ran its own later value."""
+    src = "batch = 8\nif __name__ == '__main__':\n    batch = 16\nprint(batch)\n"
+    out, assigned = with_batch(src, "batch", 64)
+    assert assigned and out.splitlines() == ["batch = 64", "if __name__ == '__main__':", "    batch = 64",
+                                             "print(batch)"]
+    ns: dict = {}
+    exec(compile(out, "<cell>", "exec"), {"__name__": "__main__"}, ns)
+    assert ns["batch"] == 64
+    assert current_batch(src, "batch", {}) == 16  # what the cell runs with now
+    twice, _ = with_batch("batch = 8\nx = 1\nbatch = 12\n", "batch", 4)
+    assert twice == "batch = 4\nx = 1\nbatch = 4\n"
 
 
 def test_iterations_keep_cell_line_numbers():

@@ -6,8 +6,8 @@ were 64" without editing the file. The script is compiled from its AST with the 
 path and line numbers, so tracebacks point at the user's lines.
 
 One grammar for everything that runs a script with overrides: ``xmem estimate --set``, the
-tracer (``tracing/script.py``), the widget's batch slider and the GPU recordings of
-``benchmarks/`` (so a recorded run and its estimate apply the same change). It needs no torch.
+tracer (``tracing/script.py``), the widget's batch slider (:func:`rewrite_source`, on the
+cell's text) and the GPU recordings of ``benchmarks/`` (so a recorded run and its estimate apply the same change). It needs no torch.
 """
 
 from __future__ import annotations
@@ -88,6 +88,37 @@ def apply_overrides(tree: ast.Module, overrides: dict[str, str], filename: str) 
     return tree
 
 
+def rewrite_source(source: str, overrides: dict[str, str], filename: str = "<cell>") -> tuple[str, set[str]]:
+    """``source`` with the value of every top-level assignment to each overridden name (the
+    ones :func:`apply_overrides` changes) replaced in the text, in place: every other line
+    keeps its number and text, so tracebacks and the flame chart's source lines stay right
+    and show the value that ran. Returns the text and the names it found (a cell that does
+    not assign the batch variable takes it from its namespace instead)."""
+    tree = ast.parse(source, filename=filename)
+    edits: list[tuple[ast.expr, str]] = []
+    found: set[str] = set()
+    for stmt in _top_level_statements(tree):
+        for name in _assigned_names(stmt):
+            if name in overrides:
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) > 1:
+                    raise OverrideError(f"{filename}:{stmt.lineno}: cannot override {name!r} in a chained assignment")
+                edits.append((stmt.value, ast.unparse(_value_node(overrides[name]))))  # type: ignore[arg-type]
+                found.add(name)
+    lines = source.splitlines(True)
+    for value, text in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
+        first, last = value.lineno - 1, value.end_lineno - 1  # type: ignore[operator]
+        head = lines[first][:_col(lines[first], value.col_offset)]
+        tail = lines[last][_col(lines[last], value.end_col_offset):]  # type: ignore[arg-type]
+        # keep the line count: the value's other lines (if it spans several) become blank
+        lines[first:last + 1] = [head + text + tail] + ["\n"] * (last - first)
+    return "".join(lines), found
+
+
+def _col(line: str, byte_offset: int) -> int:
+    """ast column offsets count UTF-8 bytes; str slicing counts characters."""
+    return len(line.encode("utf-8")[:byte_offset].decode("utf-8", errors="ignore"))
+
+
 def top_level_value(path: str | Path, name: str) -> Any:
     """The literal a script assigns to ``name`` at top level (for ``--max-batch``)."""
     source = Path(path).read_text(encoding="utf-8")
@@ -100,6 +131,15 @@ def top_level_value(path: str | Path, name: str) -> Any:
                 raise OverrideError(f"{path}: {name} is assigned an expression, not a literal; "
                                     f"--max-batch needs a number like `{name} = 32`") from None
     raise OverrideError(f"{path} has no top-level assignment to {name!r}")
+
+
+def positive_int_value(path: str | Path, name: str) -> int:
+    """The positive integer a script assigns ``name`` at top level: the start of a batch search
+    or a sweep's axis (``OverrideError`` for anything else, said the same way everywhere)."""
+    value = top_level_value(path, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise OverrideError(f"the script assigns it {value!r}; a positive integer is needed")
+    return value
 
 
 def top_level_literals(tree: ast.Module) -> dict[str, Any]:

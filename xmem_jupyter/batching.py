@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 
+from xmem_engine.overrides import rewrite_source, top_level_literals
+
 
 class BatchSpecError(ValueError):
     """A ``--batch-values`` that cannot be read."""
@@ -60,46 +62,21 @@ def default_batch_values(current: int) -> list[int]:
     return sorted(vals)
 
 
-def _assignment(tree: ast.Module, var: str) -> ast.Assign | ast.AnnAssign | None:
-    found = None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == var for t in node.targets) \
-                and len(node.targets) == 1:
-            found = found or node
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == var \
-                and node.value is not None:
-            found = found or node
-    return found
-
-
 def current_batch(source: str, var: str, namespace: dict) -> int | None:
-    """The batch size the cell uses now: its literal assignment, else the namespace's value."""
+    """The batch size the cell uses now: its last top-level literal assignment (of those
+    ``--set`` and the slider change), else the namespace's value; None unless a positive integer."""
     try:
-        node = _assignment(ast.parse(source), var)
+        value = top_level_literals(ast.parse(source)).get(var)
     except SyntaxError:
-        node = None
-    if node is not None and isinstance(node.value, ast.Constant) and isinstance(node.value.value, int):
-        return int(node.value.value)
-    value = namespace.get(var)
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+        value = None
+    if value is None:
+        value = namespace.get(var)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def with_batch(source: str, var: str, value: int) -> tuple[str, bool]:
-    """The cell with its first top-level ``var = ...`` set to ``value``; False when the
-    cell does not assign ``var`` (the caller then sets it in the namespace)."""
-    node = _assignment(ast.parse(source), var)
-    if node is None:
-        return source, False
-    v = node.value
-    lines = source.splitlines(True)
-    first, last = v.lineno - 1, v.end_lineno - 1
-    head = lines[first][:_col(lines[first], v.col_offset)]
-    tail = lines[last][_col(lines[last], v.end_col_offset):]
-    # keep the line count: the value's other lines (if it spans several) become blank
-    new = [head + repr(int(value)) + tail] + ["\n"] * (last - first)
-    return "".join(lines[:first] + new + lines[last + 1:]), True
-
-
-def _col(line: str, byte_offset: int) -> int:
-    """ast column offsets count UTF-8 bytes; str slicing counts characters."""
-    return len(line.encode("utf-8")[:byte_offset].decode("utf-8", errors="ignore"))
+    """The cell with every top-level ``var = ...`` set to ``value`` (as ``--set`` does, one
+    inside ``if __name__ == "__main__":`` too); False when the cell does not assign ``var``
+    (the caller then sets it in the namespace)."""
+    out, found = rewrite_source(source, {var: repr(int(value))})
+    return out, var in found

@@ -193,8 +193,8 @@ class XmemMagics(Magics):
         if args.batch_var:
             current = current_batch(source, args.batch_var, ns)
             if current is None:
-                raise UsageError(f"--batch-var {args.batch_var}: the cell does not assign it an integer "
-                                 f"literal (e.g. {args.batch_var} = 32) and the namespace has no integer "
+                raise UsageError(f"--batch-var {args.batch_var}: the cell does not assign it a positive "
+                                 f"integer (e.g. {args.batch_var} = 32) and the namespace has no positive integer "
                                  f"{args.batch_var}")
             try:
                 values = parse_batch_values(args.batch_values) if args.batch_values \
