@@ -7,7 +7,7 @@ setup:
 test: setup
 	.venv/bin/python -m pytest -q
 
-# The supported PyTorch range's two ends (README, "Requirements"): the engine's tests on each,
+# The supported PyTorch range's two ends (README, "Install"): the engine's tests on each,
 # with PyPI's default Linux wheel (a CUDA build, run here without a driver). CI runs it after `test`.
 TORCH_OLDEST = 2.10.0
 TORCH_NEWEST = 2.14.1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The engine's tests on one PyTorch release, in .venv-torch-VERSION: CI runs them on both ends
-# of the supported range (README, "Requirements"). The torch is PyPI's default Linux wheel, a
+# of the supported range (README, "Install"). The torch is PyPI's default Linux wheel, a
 # CUDA build, which also checks xmem on the torch most Linux users have, with no GPU driver.
 # The notebook front's tests need the full environment: `make test`.
 set -euo pipefail

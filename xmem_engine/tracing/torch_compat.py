@@ -1,4 +1,4 @@
-"""What differs between the PyTorch releases xmem supports (README: "Supported PyTorch").
+"""What differs between the PyTorch releases xmem supports (README, "Install": 2.10 to 2.14).
 
 One place for the private torch helpers whose name or presence changed between releases,
 so the rest of the tracer reads as if there were one torch.
