@@ -1,7 +1,7 @@
 """The tracer's backward pass against autograd's own, op by op.
 
 The tracer runs user code under dispatch modes, and PyTorch's C++ takes other branches
-under a mode (``isTensorSubclassLike`` is true; see xmem_engine/tracing/grad_accumulation.py). This
+under a mode (``isTensorSubclassLike`` is true; see xmem_engine/tracing/kernels/grad_accumulation.py). This
 script runs one backward pass of a model twice on the CPU: plainly under
 ``torch.profiler(profile_memory=True)`` (no mode: what a GPU run's engine does), and under
 xmem's tracer (real mode). It prints, per aten op, how many allocations each made, and the

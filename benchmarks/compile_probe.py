@@ -1,5 +1,5 @@
 """Demo (torch 2.14.1+cu130, triton 3.8, CPU only): torch.compile for a *virtual CUDA GPU*, outside the
-tracer, with the engine's compile-time pieces (xmem_engine/tracing/inductor_gpu.py, python_autograd.py).
+tracer, with the engine's compile-time pieces (xmem_engine/tracing/compiler/inductor_gpu.py, python_autograd.py).
 
 Dynamo + AOTAutograd (min-cut partitioner) + Inductor lower and schedule for cuda on fake cuda
 tensors; the generated Python wrapper (empty_strided_cuda / del / reuse / extern_kernels.mm(out=))
@@ -27,9 +27,9 @@ from xmem_engine.tracing.patches import patched_attr as patched  # noqa: E402
 @contextlib.contextmanager
 def virtual_gpu(props=PROPS):
     """The torch.cuda queries a driverless process must answer for Dynamo, then the engine's own
-    compile-time patches (xmem_engine/tracing/inductor_gpu.py): device interface, Triton driver,
+    compile-time patches (xmem_engine/tracing/compiler/inductor_gpu.py): device interface, Triton driver,
     no-op Triton kernels, virtual wrapper globals, constant folding on the CPU, no pad_mm."""
-    from xmem_engine.tracing.inductor_gpu import inductor_for_virtual_gpu
+    from xmem_engine.tracing.compiler.inductor_gpu import inductor_for_virtual_gpu
 
     cuda = torch.cuda
     with contextlib.ExitStack() as st:
@@ -50,7 +50,7 @@ def virtual_gpu(props=PROPS):
 WRAPPER_MODULES = []  # Inductor's generated wrapper modules, in load order
 
 # ---------------------------------------------------------------- the compile-time autograd engine
-from xmem_engine.tracing.python_autograd import grad, run  # noqa: E402
+from xmem_engine.tracing.compiler.python_autograd import grad, run  # noqa: E402
 from torch.autograd.graph import get_gradient_edge  # noqa: E402
 
 

@@ -48,7 +48,7 @@ MODEL_STATES = ("parameter", "gradient", "optimizer_state")
 CHILD = r"""
 import json, resource, sys
 from xmem_engine.estimate import estimate_script
-from xmem_engine.tracing.distributed import World
+from xmem_engine.tracing.shims.distributed import World
 script, gpu, world, overrides = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 est = estimate_script(script, gpu, overrides=overrides, mode="fake", world=World(world))
 live, states, in_step = {}, {}, False

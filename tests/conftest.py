@@ -44,7 +44,7 @@ def _cuda_build_gaps() -> dict[str, str]:
             "a CUDA build without a driver fails CUDA-only calls with the driver's message, not the "
             "call's name (issues #14 and #16)",
     }
-    from xmem_engine.tracing.sdpa import prefer_cudnn
+    from xmem_engine.tracing.kernels.sdpa import prefer_cudnn
 
     if prefer_cudnn((9, 0)):  # the running torch has a cuDNN that SDPA prefers on sm90
         cudnn = ("with this torch's cuDNN, SDPA prefers cuDNN attention on sm90 (as the tracer does); "

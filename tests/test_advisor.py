@@ -240,7 +240,7 @@ def test_the_cheapest_change_that_fits_is_accumulation_when_checkpointing_fits_t
 
 
 def test_the_compile_lever_says_why_it_is_not_tried_where_inductor_cannot_compile(tmp_path):
-    from xmem_engine.tracing.torch_compile import compile_unavailable
+    from xmem_engine.tracing.compiler.torch_compile import compile_unavailable
 
     reason = compile_unavailable()
     if reason is None:

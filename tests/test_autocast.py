@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from xmem_engine.tracing import autocast_policy as ap
+from xmem_engine.tracing.kernels import autocast_policy as ap
 from xmem_engine.tracing import UnsupportedOpError, trace
 from tests.test_shadow_values import alloc_stream
 

@@ -13,7 +13,7 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("jupyter_bokeh")
 
 from test_torch_compile import POINTWISE_MLP  # noqa: E402
-from xmem_engine.tracing.torch_compile import compile_unavailable  # noqa: E402
+from xmem_engine.tracing.compiler.torch_compile import compile_unavailable  # noqa: E402
 from xmem_jupyter.flame import human  # noqa: E402
 from xmem_jupyter.session import Session  # noqa: E402
 from xmem_jupyter.widget import XmemWidget  # noqa: E402

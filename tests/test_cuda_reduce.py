@@ -1,4 +1,4 @@
-"""The port of gpu_reduce_kernel's scratch buffers (xmem_engine/tracing/cuda_reduce.py).
+"""The port of gpu_reduce_kernel's scratch buffers (xmem_engine/tracing/kernels/cuda_reduce.py).
 
 The recorded cases come from ../shared/allocator-traces (real GPUs); their figures are repeated
 here so the pure tests run without them, and the recording tests re-read the recordings.
@@ -27,7 +27,7 @@ import re
 import pytest
 from conftest import TRACES, needs_shared_traces
 
-from xmem_engine.tracing.cuda_reduce import (
+from xmem_engine.tracing.kernels.cuda_reduce import (
     ReduceBuffers,
     ReducePlan,
     kernel_params,
@@ -311,7 +311,7 @@ def test_a_trace_re_simulated_for_another_gpu_has_that_gpu_s_reduction_buffers()
     from xmem_engine.estimate import estimate_trace
     from xmem_engine.gpus import get_gpu
     from xmem_engine.tracing import trace_script
-    from xmem_engine.tracing.cuda_temporaries import resized_by_sm
+    from xmem_engine.tracing.kernels.cuda_temporaries import resized_by_sm
 
     script = str(Path(__file__).resolve().parent / "advise_scripts" / "transformer.py")
     gpus = ["RTX-4060-8GB", "H100-SXM-80GB", "T4"]  # 24, 132 and 40 SMs

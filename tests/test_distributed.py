@@ -1,4 +1,4 @@
-"""Scripts written for torchrun, traced one rank at a time (tracing/distributed.py)."""
+"""Scripts written for torchrun, traced one rank at a time (tracing/shims/distributed.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from xmem_engine.trace import Category
 from xmem_engine.tracing import trace
-from xmem_engine.tracing.distributed import World, available
+from xmem_engine.tracing.shims.distributed import World, available
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no torch.distributed")
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xmem_engine.tracing import einsum_lowering, trace
+from xmem_engine.tracing import trace
+from xmem_engine.tracing.kernels import einsum_lowering
 
 CASES = [
     ("oi,...i->...o", [(64, 32), (4, 8, 32)]),

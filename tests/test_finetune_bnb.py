@@ -17,7 +17,7 @@ bnb = pytest.importorskip("bitsandbytes")
 
 from xmem_engine.estimate import estimate_trace, resolve_gpu  # noqa: E402
 from xmem_engine.tracing import trace  # noqa: E402
-from xmem_engine.tracing.bitsandbytes_shim import MANAGED_HEADLINE  # noqa: E402
+from xmem_engine.tracing.shims.bitsandbytes_shim import MANAGED_HEADLINE  # noqa: E402
 
 N, K = 384, 256  # a weight of 98,304 elements: 1,536 blocks of 64, 6 nested blocks of 256
 

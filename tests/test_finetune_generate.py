@@ -142,7 +142,7 @@ def test_beam_search_cache_is_batch_times_beams_wide():
 
 def test_beam_search_runs_to_max_new_tokens():
     """The GPU's worst case, as for greedy and sampling: every beam runs to max_new_tokens. Beam
-    search's early-stop heuristic compares guessed scores (``tracing/generation.py``); it ended
+    search's early-stop heuristic compares guessed scores (``tracing/shims/generation.py``); it ended
     the search after a step or two before."""
     tr, _ = _generate(kw="num_beams=4, do_sample=False")
     assert {e.shape[2] for e in _beam_cache(tr, B * 4)} == {P + NEW - 1}
@@ -160,7 +160,7 @@ def test_beam_search_returns_sequences_of_max_new_tokens():
 def test_whole_rows_undoes_a_column_crop_only():
     import torch
 
-    from xmem_engine.tracing.generation import whole_rows
+    from xmem_engine.tracing.shims.generation import whole_rows
 
     x = torch.arange(24).view(4, 6)
     assert torch.equal(whole_rows(x[:, :2], 6), x)

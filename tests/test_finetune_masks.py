@@ -1,4 +1,4 @@
-"""An all-ones attention mask is dropped as on a GPU (transformers 5.x, tracing/transformers_tracing.py).
+"""An all-ones attention mask is dropped as on a GPU (transformers 5.x, tracing/shims/transformers_tracing.py).
 
 transformers counts any FakeTensor as "traced" and then keeps a padding mask it would drop on the
 GPU; on an H200 BERT's masked-LM step with ``attention_mask=ones`` measured what the step without

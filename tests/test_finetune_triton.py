@@ -25,7 +25,7 @@ from triton.runtime.autotuner import Autotuner  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from xmem_engine.tracing import Tracer, trace  # noqa: E402
-from xmem_engine.tracing.triton_launches import TMA_DESCRIPTOR_BYTES, written_params  # noqa: E402
+from xmem_engine.tracing.shims.triton_launches import TMA_DESCRIPTOR_BYTES, written_params  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 N = 1 << 16  # elements of the vectors the kernels add: 256 KiB in float32

@@ -133,7 +133,7 @@ def test_the_trace_says_which_libraries_a_step_initialises(traces):
 
 
 def test_a_process_group_of_several_ranks_pays_nccl():
-    from xmem_engine.tracing.distributed import World, available
+    from xmem_engine.tracing.shims.distributed import World, available
 
     if not available():
         pytest.skip("this torch build has no torch.distributed")

@@ -72,7 +72,7 @@ def test_cudnn_attention_backward_workspace_is_a_request_the_h200_made(run: str,
     import torch
 
     from benchmarks.compare_groundtruth import recorded_allocs
-    from xmem_engine.tracing.sdpa import cudnn_backward_workspace
+    from xmem_engine.tracing.kernels.sdpa import cudnn_backward_workspace
 
     b, h, s, d = q_shape
     q = torch.empty(q_shape, dtype=torch.bfloat16, device="meta")

@@ -11,7 +11,8 @@ import torch
 
 from tests.test_shadow_values import alloc_stream
 from xmem_engine.estimate import estimate
-from xmem_engine.tracing import UnsupportedOpError, guesses, trace
+from xmem_engine.tracing import UnsupportedOpError, trace
+from xmem_engine.tracing.fake import guesses
 
 GUARDED_STEP = """
 import torch
@@ -142,7 +143,7 @@ if (labels == 1).sum() == 2:
 
 
 def test_a_guessed_number_notes_each_use_once_and_stays_a_number():
-    from xmem_engine.tracing.placeholders import FakeFloat, FakeInt, placeholder
+    from xmem_engine.tracing.fake.placeholders import FakeFloat, FakeInt, placeholder
 
     used: list[str] = []
     n = placeholder(torch.int64, 3, lambda what, value: (used.append(what), value)[1])

@@ -15,7 +15,7 @@ import torch
 
 from xmem_engine.estimate import estimate
 from xmem_engine.tracing import trace
-from xmem_engine.tracing.placeholders import FakeFloat, in_range, placeholder
+from xmem_engine.tracing.fake.placeholders import FakeFloat, in_range, placeholder
 
 
 @pytest.mark.parametrize("dtype, value, expected", [

@@ -1,4 +1,4 @@
-"""Meta kernels for ``out=`` overloads torch lacks (``tracing/out_metas.py``): Inductor's
+"""Meta kernels for ``out=`` overloads torch lacks (``tracing/fake/out_metas.py``): Inductor's
 ``_scaled_mm(out=)`` stays in fake mode instead of running a real float8 matmul on the CPU."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from xmem_engine.tracing.out_metas import out_variant_metas
+from xmem_engine.tracing.fake.out_metas import out_variant_metas
 
 
 def _no_fallback(*args, **kwargs):

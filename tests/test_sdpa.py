@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from xmem_engine.tracing import sdpa
+from xmem_engine.tracing.kernels import sdpa
 from xmem_engine.estimate import estimate
 from xmem_engine.trace import Trace, TraceEvent
 from xmem_engine.tracing import trace

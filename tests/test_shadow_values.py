@@ -143,7 +143,7 @@ ISIN_CASES = [
 @pytest.mark.parametrize("invert", [False, True])
 @pytest.mark.parametrize("elements,test_elements", ISIN_CASES)
 def test_the_shadows_isin_gives_isins_values(elements, test_elements, invert):
-    from xmem_engine.tracing.shadow_values import _isin_few
+    from xmem_engine.tracing.fake.shadow_values import _isin_few
 
     got = _isin_few(elements, test_elements, invert=invert)
     want = torch.isin(elements, test_elements, invert=invert)
@@ -167,7 +167,7 @@ def test_a_parameters_cast_copy_is_not_computed_for_real(monkeypatch):
     known, and its cast was computed for real each time (11% of a GRPO trace: 256 generated
     tokens are 256 forwards). A parameter's copy feeds matmuls with activations, never known:
     it gets no shadow. Other known tensors' casts still do (ids, masks)."""
-    from xmem_engine.tracing import shadow_values
+    from xmem_engine.tracing.fake import shadow_values
 
     computed: list = []
 

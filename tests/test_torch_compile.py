@@ -1,4 +1,4 @@
-"""torch.compile under the tracer compiles for the target GPU (xmem_engine/tracing/torch_compile.py).
+"""torch.compile under the tracer compiles for the target GPU (xmem_engine/tracing/compiler/torch_compile.py).
 
 These run where Inductor can write CUDA code: a CUDA build of torch with Triton (PyPI's default
 Linux wheel: `make test-torch-ends`, `make test-finetune`); on the CPU build they skip, and
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from xmem_engine.tracing import trace
-from xmem_engine.tracing.torch_compile import compile_unavailable
+from xmem_engine.tracing.compiler.torch_compile import compile_unavailable
 
 pytestmark = pytest.mark.skipif(compile_unavailable() is not None,
                                 reason=f"Inductor cannot compile for CUDA here: {compile_unavailable()}")
@@ -330,7 +330,7 @@ def test_compiles_after_import_lightning_set_the_nvml_check(monkeypatch):
     ``torch.cuda.is_available()`` asks ``device_count()``, the virtual GPU's while tracing, so
     the compile took the machine for one with a GPU and Inductor's pattern set-up made real
     CUDA tensors: every compile after a Lightning import ran eagerly."""
-    from xmem_engine.tracing import inductor_gpu
+    from xmem_engine.tracing.compiler import inductor_gpu
 
     monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     with monkeypatch.context() as m:  # as the tracer patches it (Inductor's patterns are set up once a process)
@@ -370,7 +370,7 @@ def test_each_kernels_first_launch_allocates_what_its_autotuning_would():
 
 
 def test_autotuning_is_read_off_the_generated_kernel():
-    from xmem_engine.tracing.inductor_autotune import autotune_of
+    from xmem_engine.tracing.compiler.inductor_autotune import autotune_of
 
     src = '''
 import triton

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from xmem_engine.tracing.fake_fastpaths import FAST_FAKE
+from xmem_engine.tracing.fake.fake_fastpaths import FAST_FAKE
 
 aten = torch.ops.aten
 
@@ -268,7 +268,7 @@ def test_compute_ops_leave_constants_devices_and_tensor_lists_to_fake_tensor_mod
 @pytest.mark.parametrize("shapes", [[(3, 4)], [(3, 4), (3, 4)], [(4, 1, 5), (3, 1)], [(0, 4), (4,)], [(1,), ()],
                                     [(2, 1), (1, 3), (1, 1, 1)], [(5, 0), (1, 1)], [(3,), (4,)], [(2, 3), (3, 3)]])
 def test_broadcast_matches_torch(shapes):
-    from xmem_engine.tracing.fake_fastpaths import _broadcast
+    from xmem_engine.tracing.fake.fake_fastpaths import _broadcast
     try:
         expected = tuple(torch.broadcast_shapes(*shapes))
     except RuntimeError:
@@ -278,7 +278,7 @@ def test_broadcast_matches_torch(shapes):
 
 @pytest.mark.parametrize("shape", [(), (3,), (2, 3, 4), (0, 5), (4, 0, 2), (1, 1)])
 def test_contiguous_strides_match_torch(shape):
-    from xmem_engine.tracing.fake_fastpaths import _contiguous
+    from xmem_engine.tracing.fake.fake_fastpaths import _contiguous
 
     assert _contiguous(shape) == tuple(torch._prims_common.make_contiguous_strides_for(shape))
     assert _contiguous(shape) == torch.empty(shape).stride()

@@ -36,7 +36,7 @@ from xmem_engine.advisor_cost import RANKING, Cost
 from xmem_engine.estimate import Estimate, estimate_trace, max_batch, resolve_gpu
 from xmem_engine.gpus import GPU
 from xmem_engine.tracing.patches import patched_attr
-from xmem_engine.tracing.torch_compile import why_not_compiled
+from xmem_engine.tracing.compiler.torch_compile import why_not_compiled
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ def autocast_patch(gpu: GPU) -> Iterator[None]:
 @contextlib.contextmanager
 def compile_patch(gpu: GPU) -> Iterator[None]:
     """``model = torch.compile(model)``: each outermost module call goes through its compiled
-    form (Inductor for the target GPU, ``tracing/torch_compile.py``), compiled once per module."""
+    form (Inductor for the target GPU, ``tracing/compiler/torch_compile.py``), compiled once per module."""
     compiled: dict[int, tuple[torch.nn.Module, Any]] = {}  # the module is kept: its id stays its own
 
     def wrap(module: torch.nn.Module, call: Callable, args: tuple, kwargs: dict) -> Any:

@@ -207,7 +207,7 @@ def _expand(rows: list[tuple], meta: dict) -> tuple[list[TraceEvent], dict]:
     """A trace's events and meta from :func:`_collapse`'s form (its reductions' buffers made
     from their plans, for the GPU it was traced for)."""
     from xmem_engine.trace import ALLOC, FREE, Category
-    from xmem_engine.tracing.cuda_temporaries import plan_steps
+    from xmem_engine.tracing.kernels.cuda_temporaries import plan_steps
 
     by = meta.get("by_sm")
     groups = by["groups"] if by else []

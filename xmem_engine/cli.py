@@ -463,7 +463,7 @@ MAX_EVERY_RANK = 256  # --rank all: one trace a rank, in this process
 def _world_args(args) -> tuple[list, bool]:
     """The worlds to trace from --world-size / --rank / --gpus-per-node (checked before the script
     runs), and whether --rank all asked for every rank."""
-    from xmem_engine.tracing.distributed import GPUS_PER_NODE, World
+    from xmem_engine.tracing.shims.distributed import GPUS_PER_NODE, World
 
     size, rank, per_node = args.world_size, args.rank, args.gpus_per_node
     if size is None:

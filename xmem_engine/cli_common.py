@@ -147,7 +147,7 @@ def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
 
 def _torchrun_hint(e: BaseException) -> str | None:
     """A script written for torchrun, run without --world-size, reads torchrun's variables."""
-    from xmem_engine.tracing.distributed import ENV_KEYS
+    from xmem_engine.tracing.shims.distributed import ENV_KEYS
 
     if isinstance(e, KeyError) and e.args and e.args[0] in ENV_KEYS:
         return (f"the script reads ${e.args[0]}, which torchrun sets: estimate one of its ranks with "

@@ -37,7 +37,7 @@ from xmem_engine.batch_search import REAL_MODE_REACH, SEARCH_LIMIT, BatchSearch,
 from xmem_engine.batch_family import script_branches_on  # noqa: F401 (the CLI's --max-batch asks it)
 
 if TYPE_CHECKING:
-    from xmem_engine.tracing.distributed import World
+    from xmem_engine.tracing.shims.distributed import World
 
 REPORT_MIME = "application/vnd.xmem.report+json"
 REPORT_VERSION = 1
@@ -381,8 +381,8 @@ def estimate_trace(
     This is what a GPU switch in the widget calls; it takes milliseconds.
     """
     from xmem_engine.gpus.cuda_libraries import adapt_trace, gemms_into
-    from xmem_engine.tracing.cuda_temporaries import resized_by_sm
-    from xmem_engine.tracing.distributed import NCCL_NOTE  # the tracer's: the code made a process group
+    from xmem_engine.tracing.kernels.cuda_temporaries import resized_by_sm
+    from xmem_engine.tracing.shims.distributed import NCCL_NOTE  # the tracer's: the code made a process group
 
     t0 = time.perf_counter()
     target = resolve_gpu(gpu)

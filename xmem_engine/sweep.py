@@ -205,7 +205,7 @@ def _trace(unit: Unit, settings: dict[str, str]) -> Any:
     from xmem_engine.estimate import resolve_gpu
     from xmem_engine.tracing import trace_script
 
-    from xmem_engine.tracing.distributed import World
+    from xmem_engine.tracing.shims.distributed import World
 
     return trace_script(unit.path, mode=unit.mode, overrides=settings,
                         device=resolve_gpu(unit.traced_for).properties(), max_iterations=unit.iterations,

@@ -176,7 +176,7 @@ class XmemMagics(Magics):
         except WorkspaceTableError as e:
             raise UsageError(str(e)) from None
         if args.world_size is not None or args.rank is not None:
-            from xmem_engine.tracing.distributed import World
+            from xmem_engine.tracing.shims.distributed import World
 
             if args.world_size is None:
                 raise UsageError("--rank needs --world-size N (the number of processes torchrun starts)")

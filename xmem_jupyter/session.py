@@ -16,7 +16,7 @@ from xmem_engine.batch_family import BatchFamily, NotAffine, branches_on, same_t
 from xmem_engine.simulation.alloc_conf import parse_alloc_conf
 from xmem_engine.estimate import SEARCH_LIMIT, BatchSearch, Estimate, estimate_trace, max_batch, resolve_gpu
 from xmem_engine.trace import Trace
-from xmem_engine.tracing.distributed import World
+from xmem_engine.tracing.shims.distributed import World
 
 from xmem_jupyter.batching import with_batch
 from xmem_jupyter.cellcode import compile_cell

@@ -74,6 +74,8 @@ The callable's return value is discarded.
 
 Where things are
 ----------------
+The spine, here:
+
 ``run.py``            :func:`trace`, the entry point: modes, fallback, the user's namespace
 ``tracer.py``         :class:`Tracer`: the record of one run (storages, categories, phases)
 ``scope.py``          trace modes, device kinds, the scope of the torch call now running
@@ -81,32 +83,51 @@ Where things are
 ``device_mode.py``    the function mode: the virtual ``cuda`` device at the Python API
 ``virtual_cuda.py``   ``torch.cuda.*`` answered for the target GPU; autocast and GradScaler
 ``patches.py``        torch patched for the trace's duration (``nn.Module._apply``, DataLoader...)
+``steady.py``         a cell's training step run until its memory is the training run's
+``host_memory.py``    the host memory a real-mode run may take, and its guard
+``user_state.py``     the user's objects and settings, put back after the trace
+``script.py``         a training script run as ``python SCRIPT`` (``--set``: ``xmem_engine/overrides.py``)
+``frames.py``         which frames are the user's (sources, tracebacks)
+``errors.py``         what can go wrong; ``torch_compat.py``: what differs between torch releases
+
+``kernels/``: CUDA behaviour the CPU run does not show, re-created for the target GPU
+
 ``sdpa.py``           ``scaled_dot_product_attention`` as the target GPU's backend allocates
 ``autocast_policy.py``  CUDA's autocast cast lists, applied on the CPU
-``fake_fastpaths.py``   shortcuts for hot ops in fake mode
-``shadow_values.py``  real values of small fake GPU tensors whose contents are known
-``guesses.py``        values nobody knows, guessed; data-dependent sizes, bounded
-``host_memory.py``    the host memory a real-mode run may take, and its guard
-``checkpoints.py``    ``torch.save`` / ``torch.load`` and safetensors on the virtual GPU
-``bitsandbytes_shim.py``  bitsandbytes (once imported): 4/8-bit parameters over fake data,
-                      ``gemm_4bit``'s CUDA temporaries, paged optimizer states as unified memory
-``torch_compile.py``  ``torch.compile`` for the target GPU: Inductor's buffers, not eager code's
-``inductor_gpu.py``  the target GPU as Dynamo, Inductor and Triton ask about it while compiling
-``python_autograd.py``  the autograd engine AOTAutograd's joint graph runs through while compiling
-``triton_launches.py``  Triton kernels (Liger, TRL, a user's ``@triton.jit``): launches counted,
-                      not compiled or run; the tensors they write lose their known values
-``packed_sequences.py``  ``pack_padded_sequence`` / ``pad_packed_sequence`` on the virtual GPU
 ``cuda_temporaries.py``  buffers CUDA kernels allocate for themselves (index_put's sort, reductions)
 ``cuda_reduce.py``    the reduction kernel's launch configuration and staging buffers (Reduce.cuh)
 ``einsum_lowering.py``  einsum as releases before 2.9 compose it (``torch_version``)
 ``grad_accumulation.py``  gradient sums in place, as CUDA's autograd does them
+``convolutions.py``   each GPU convolution's cuDNN problem, for its workspace
+
+``fake/``: values of fake tensors, and ops kept in fake mode
+
+``shadow_values.py``  real values of small fake GPU tensors whose contents are known
+``guesses.py``        values nobody knows, guessed; data-dependent sizes, bounded
+``placeholders.py``   what ``.item()`` of a fake tensor gives
+``fake_fastpaths.py``   shortcuts for hot ops in fake mode
+``out_metas.py``      meta kernels for ``out=`` overloads torch ships without one
+
+``shims/``: what keeps users' scripts running as on a GPU
+
 ``distributed.py``    one rank of a torchrun launch: its environment, a process group of N
                       ranks, DDP's reducer and FSDP's buffers on the virtual GPU
 ``subclasses.py``     wrapper subclasses (DTensor) seen through to the tensors they hold
-``user_state.py``     the user's objects and settings, put back after the trace
-``script.py``         a training script run as ``python SCRIPT`` (``--set``: ``xmem_engine/overrides.py``)
-``frames.py``         which frames are the user's (sources, tracebacks)
-``errors.py``, ``placeholders.py``  what can go wrong; what ``.item()`` of a fake tensor gives
+``checkpoints.py``    ``torch.save`` / ``torch.load`` and safetensors on the virtual GPU
+``packed_sequences.py``  ``pack_padded_sequence`` / ``pad_packed_sequence`` on the virtual GPU
+``bitsandbytes_shim.py``  bitsandbytes (once imported): 4/8-bit parameters over fake data,
+                      ``gemm_4bit``'s CUDA temporaries, paged optimizer states as unified memory
+``triton_launches.py``  Triton kernels (Liger, TRL, a user's ``@triton.jit``): launches counted,
+                      not compiled or run; the tensors they write lose their known values
+``generation.py``     ``generate()`` at its worst: every beam to ``max_new_tokens``
+``transformers_tracing.py``  transformers' "is this tensor traced?" answered as on a GPU
+
+``compiler/``: ``torch.compile`` for the target GPU
+
+``torch_compile.py``  ``torch.compile`` under the tracer: Inductor's buffers, not eager code's
+``inductor_gpu.py``   the target GPU as Dynamo, Inductor and Triton ask about it while compiling
+``inductor_autotune.py``  what Inductor's timings allocate at a kernel's first launch
+``python_autograd.py``  the autograd engine AOTAutograd's joint graph runs through while compiling
 """
 
 from xmem_engine.tracing.errors import HostMemoryError, TracerError, UnsupportedOpError

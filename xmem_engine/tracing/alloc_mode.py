@@ -22,17 +22,17 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from xmem_engine.tracing.subclasses import is_fake_wrapper, is_wrapper
+from xmem_engine.tracing.shims.subclasses import is_fake_wrapper, is_wrapper
 
-from xmem_engine.tracing.cuda_temporaries import RULES as CUDA_TEMPORARIES
-from xmem_engine.tracing.cuda_temporaries import BySM
+from xmem_engine.tracing.kernels.cuda_temporaries import RULES as CUDA_TEMPORARIES
+from xmem_engine.tracing.kernels.cuda_temporaries import BySM
 from xmem_engine.gpus import cuda_libraries
-from xmem_engine.tracing import convolutions
+from xmem_engine.tracing.kernels import convolutions
 from xmem_engine.tracing.errors import NeedsRealValues
-from xmem_engine.tracing.fake_fastpaths import FAST_FAKE
+from xmem_engine.tracing.fake.fake_fastpaths import FAST_FAKE
 from xmem_engine.tracing.frames import as_torch_error, user_frame
-from xmem_engine.tracing.grad_accumulation import BackwardInPlace
-from xmem_engine.tracing.guesses import BEFORE_FAKE
+from xmem_engine.tracing.kernels.grad_accumulation import BackwardInPlace
+from xmem_engine.tracing.fake.guesses import BEFORE_FAKE
 from xmem_engine.tracing.host_memory import CHECK_BYTES
 from xmem_engine.tracing.scope import Device
 from xmem_engine.tracing.tracer import Tracer, tensors_in

@@ -19,11 +19,12 @@ import torch.utils._device as _device_mod
 from torch.overrides import TorchFunctionMode
 
 from xmem_engine.gpus.cuda_libraries import parse_version
-from xmem_engine.tracing import einsum_lowering, packed_sequences
-from xmem_engine.tracing.sdpa import tracer_handler
+from xmem_engine.tracing.kernels import einsum_lowering
+from xmem_engine.tracing.shims import packed_sequences
+from xmem_engine.tracing.kernels.sdpa import tracer_handler
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import as_torch_error, user_frame
-from xmem_engine.tracing.placeholders import placeholder
+from xmem_engine.tracing.fake.placeholders import placeholder
 from xmem_engine.tracing.scope import CPU, CallScope, Device
 from xmem_engine.tracing.tracer import Tracer
 

@@ -15,7 +15,7 @@ import torch
 
 from torch.nn.parameter import UninitializedTensorMixin
 
-from xmem_engine.tracing.subclasses import is_fake_wrapper
+from xmem_engine.tracing.shims.subclasses import is_fake_wrapper
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from xmem_engine.gpus.cuda_libraries import runs_convolutions, target_version
 from xmem_engine.trace import MODES, Mode, Trace
 from xmem_engine.tracing.alloc_mode import AllocMode
 from xmem_engine.tracing.device_mode import DeviceMode, fake_device_property
-from xmem_engine.tracing.distributed import World, simulated_world
+from xmem_engine.tracing.shims.distributed import World, simulated_world
 from xmem_engine.tracing.errors import (
     HostMemoryError,
     NeedsRealValues,
@@ -38,8 +38,8 @@ from xmem_engine.tracing.errors import (
     needs_real_gpu,
 )
 from xmem_engine.tracing.frames import entry_point, run_user_code, trim_traceback
-from xmem_engine.tracing.generation import beam_search_to_the_end
-from xmem_engine.tracing.transformers_tracing import fake_tensors_are_not_traced
+from xmem_engine.tracing.shims.generation import beam_search_to_the_end
+from xmem_engine.tracing.shims.transformers_tracing import fake_tensors_are_not_traced
 from xmem_engine.tracing.patches import (
     INIT_FUNCTIONS,
     appended,
@@ -62,16 +62,16 @@ from xmem_engine.tracing.patches import (
     ProcessExit,
     ScriptEnd,
 )
-from xmem_engine.tracing.bitsandbytes_shim import bitsandbytes_on_gpu
-from xmem_engine.tracing.checkpoints import kept_in_memory
-from xmem_engine.tracing.guesses import GUESS_HEADLINE, Guesses
+from xmem_engine.tracing.shims.bitsandbytes_shim import bitsandbytes_on_gpu
+from xmem_engine.tracing.shims.checkpoints import kept_in_memory
+from xmem_engine.tracing.fake.guesses import GUESS_HEADLINE, Guesses
 from xmem_engine.tracing.steady import bind as steady_bind, steady_code
 from xmem_engine.tracing.host_memory import ENV as HOST_ENV, HostBudget, HostMemoryExceeded, gib
-from xmem_engine.tracing.out_metas import out_variant_metas
-from xmem_engine.tracing.shadow_values import Shadows
-from xmem_engine.tracing.torch_compile import COMPILE_MODES, CompiledCalls
+from xmem_engine.tracing.fake.out_metas import out_variant_metas
+from xmem_engine.tracing.fake.shadow_values import Shadows
+from xmem_engine.tracing.compiler.torch_compile import COMPILE_MODES, CompiledCalls
 from xmem_engine.tracing.tracer import Tracer
-from xmem_engine.tracing.triton_launches import triton_launches
+from xmem_engine.tracing.shims.triton_launches import triton_launches
 from xmem_engine.tracing.user_state import UserState, is_plain
 from xmem_engine.tracing.virtual_cuda import patched_cuda
 

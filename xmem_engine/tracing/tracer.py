@@ -43,12 +43,12 @@ from xmem_engine.tracing.errors import StopTracing
 from xmem_engine.tracing.frames import as_torch_error, op_name, user_frame
 from xmem_engine.tracing.patches import patched_attr
 from xmem_engine.tracing.scope import CallScope
-from xmem_engine.tracing.cuda_temporaries import device_of
-from xmem_engine.tracing.distributed import World
-from xmem_engine.tracing.guesses import Guesses
+from xmem_engine.tracing.kernels.cuda_temporaries import device_of
+from xmem_engine.tracing.shims.distributed import World
+from xmem_engine.tracing.fake.guesses import Guesses
 from xmem_engine.tracing.host_memory import HostBudget
-from xmem_engine.tracing.shadow_values import Shadows
-from xmem_engine.tracing.subclasses import inner_tensors, is_wrapper
+from xmem_engine.tracing.fake.shadow_values import Shadows
+from xmem_engine.tracing.shims.subclasses import inner_tensors, is_wrapper
 from xmem_engine.tracing.user_state import UserState
 from xmem_engine.tracing.virtual_cuda import VirtualCuda, VirtualStream
 

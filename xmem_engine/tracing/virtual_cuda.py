@@ -22,10 +22,10 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 # (first: it takes torch.accelerator's answers before this module patches them)
-from xmem_engine.tracing import inductor_gpu  # noqa: F401
-from xmem_engine.tracing.autocast_policy import CudaAutocastPolicy
+from xmem_engine.tracing.compiler import inductor_gpu  # noqa: F401
+from xmem_engine.tracing.kernels.autocast_policy import CudaAutocastPolicy
 from xmem_engine.tracing.patches import patched_attr
-from xmem_engine.tracing.placeholders import FakeFloat, FakeInt
+from xmem_engine.tracing.fake.placeholders import FakeFloat, FakeInt
 
 
 class Recorder(Protocol):

@@ -36,8 +36,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import library_frame, op_name, user_frame
-from xmem_engine.tracing.placeholders import in_range
-from xmem_engine.tracing.shadow_values import SHADOW_BYTES, Shadows
+from xmem_engine.tracing.fake.placeholders import in_range
+from xmem_engine.tracing.fake.shadow_values import SHADOW_BYTES, Shadows
 
 LOOP_LIMIT = 10_000  # guesses at one line before it counts as a loop on a value
 DEPTH = 32  # ops followed back from a value to the leaves of its chain

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from xmem_engine.tracing.autocast_policy import aten_op
+from xmem_engine.tracing.kernels.autocast_policy import aten_op
 from xmem_engine.tracing.torch_compat import is_non_overlapping_and_dense
 
 _PLAIN_FLOATS = (torch.float32, torch.float64)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from xmem_engine.tracing.placeholders import in_range
+from xmem_engine.tracing.fake.placeholders import in_range
 
 # The largest storage that gets a shadow. Masks, ids and labels of a batch are far smaller;
 # activations and weights are far larger and never known anyway.

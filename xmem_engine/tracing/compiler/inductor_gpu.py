@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.tracing.inductor_autotune import autotune_of, benchmark_allocations, pad_mm_should_pad
+from xmem_engine.tracing.compiler.inductor_autotune import autotune_of, benchmark_allocations, pad_mm_should_pad
 from xmem_engine.tracing.patches import patched_attr, patched_item
 
 

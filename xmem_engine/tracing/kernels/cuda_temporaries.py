@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import torch
 
-from xmem_engine.tracing.cuda_reduce import kernel_params, reduce_plan
+from xmem_engine.tracing.kernels.cuda_reduce import kernel_params, reduce_plan
 
 Step = tuple[str, str, int]
 

@@ -252,7 +252,7 @@ def handler(autocast: Any) -> Callable[[Any, tuple, dict], Any]:
     ``autocast``: the tracer's CUDA autocast policy. In an autocast region einsum is one op
     of the lower-precision list: its operands are cast once (weights from the cache), then
     its parts run with autocast off, as the ``einsum`` autocast kernel does."""
-    from xmem_engine.tracing.autocast_policy import AUTOCAST_CPU
+    from xmem_engine.tracing.kernels.autocast_policy import AUTOCAST_CPU
 
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
         if not args or not isinstance(args[0], str) or kwargs:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.tracing.inductor_autotune import timed_calls
+from xmem_engine.tracing.compiler.inductor_autotune import timed_calls
 
 # Global scratch one device-side tensor descriptor (``tl.make_tensor_descriptor``) takes, per
 # program: a CUtensorMap is 128 bytes, 128-byte aligned (Triton's TMA lowering).

@@ -320,7 +320,7 @@ def install(stack: contextlib.ExitStack, tracer: Any) -> None:
     stack.enter_context(patched_attr(F, "prefetch_tensor", paged_prefetch(F.prefetch_tensor)))
     tracer.op_hooks.append(cuda_temporaries)
     stack.callback(tracer.op_hooks.remove, cuda_temporaries)
-    from xmem_engine.tracing.guesses import BOUNDS
+    from xmem_engine.tracing.fake.guesses import BOUNDS
     from xmem_engine.tracing.patches import patched_item
 
     stack.enter_context(patched_item(BOUNDS, "bitsandbytes.int8_vectorwise_quant.default", int8_outliers_bound))

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.tracing.inductor_gpu import (answering_availability, availability, inductor_for_virtual_gpu,
+from xmem_engine.tracing.compiler.inductor_gpu import (answering_availability, availability, inductor_for_virtual_gpu,
                                               real_availability)
 from xmem_engine.tracing.patches import eager_compiled, patched_attr
 
@@ -301,7 +301,7 @@ class CompiledCalls:
         (Inductor makes its mask from seeds, as on a GPU)."""
         import torch.nn.functional as F
 
-        from xmem_engine.tracing.sdpa import compiled_attention
+        from xmem_engine.tracing.kernels.sdpa import compiled_attention
 
         if self.attention is None:
             props = self.t.vc.props
@@ -328,7 +328,7 @@ class CompiledCalls:
     def compiling(self) -> Iterator[None]:
         """A compile in progress: the tracer's modes let its ops through, the machine's own answer
         to ``torch.cuda.is_available()``, and AOTAutograd's ``autograd.grad`` is the Python engine."""
-        from xmem_engine.tracing import python_autograd
+        from xmem_engine.tracing.compiler import python_autograd
 
         start = time.perf_counter()
         with contextlib.ExitStack() as stack:
