@@ -635,16 +635,15 @@ def _cmd_gpus(args) -> int:
     return EXIT_OK
 
 
-def _add_advise(sub) -> None:
+def _add_kept_apart(sub) -> None:
+    """The subcommands kept in modules of their own, after ``estimate``."""
     from xmem_engine.cli_advise import add_advise
-
-    add_advise(sub)
-
-
-def _add_sweep(sub) -> None:
+    from xmem_engine.cli_ops import add_ops
     from xmem_engine.cli_sweep import add_sweep
 
+    add_advise(sub)
     add_sweep(sub)
+    add_ops(sub)
 
 
-_SUBCOMMANDS: list = [_add_estimate, _add_advise, _add_sweep, _add_trace, _add_replay, _add_simulate, _add_gpus]
+_SUBCOMMANDS: list = [_add_estimate, _add_kept_apart, _add_trace, _add_replay, _add_simulate, _add_gpus]

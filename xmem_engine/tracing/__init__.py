@@ -89,6 +89,8 @@ The spine, here:
 ``script.py``         a training script run as ``python SCRIPT`` (``--set``: ``xmem_engine/overrides.py``)
 ``frames.py``         which frames are the user's (sources, tracebacks)
 ``errors.py``         what can go wrong; ``torch_compat.py``: what differs between torch releases
+``ops.py``            the registry every rule table registers into: which ops are modelled, how
+                      (``xmem ops``)
 
 ``kernels/``: CUDA behaviour the CPU run does not show, re-created for the target GPU
 

@@ -36,6 +36,7 @@ from xmem_engine.tracing.fake.guesses import BEFORE_FAKE
 from xmem_engine.tracing.host_memory import CHECK_BYTES
 from xmem_engine.tracing.scope import Device
 from xmem_engine.tracing.tracer import Tracer, tensors_in
+from xmem_engine.tracing.ops import register
 
 
 def _fake_exceptions() -> tuple[type[BaseException], ...]:
@@ -385,3 +386,5 @@ def _fake_reason(e: BaseException) -> str:
     if name in ("DataDependentOutputException", "GuardOnDataDependentSymNode"):
         return "it reads tensor values"
     return f"fake tensors do not support it ({name})"
+
+register("host output", HOST_OUTPUTS, __name__)

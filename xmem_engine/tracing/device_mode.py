@@ -27,6 +27,7 @@ from xmem_engine.tracing.frames import as_torch_error, user_frame
 from xmem_engine.tracing.fake.placeholders import placeholder
 from xmem_engine.tracing.scope import CPU, CallScope, Device
 from xmem_engine.tracing.tracer import Tracer
+from xmem_engine.tracing.ops import register
 
 _device_constructors = _device_mod._device_constructors
 _T = torch.Tensor
@@ -59,6 +60,23 @@ def _as_device(d: Any) -> torch.device | None:
     if isinstance(d, str):
         return torch.device(d)
     return None
+
+
+#: the torch functions this mode runs as CUDA would, for ``xmem ops`` (the table it dispatches
+#: on is built per trace, in :class:`DeviceMode`, from the tracer's target GPU)
+register("torch function", {
+    "torch.nn.functional.dropout": "CUDA's fused kernel: a bool mask saved for backward",
+    "torch.dropout": "CUDA's fused kernel: a bool mask saved for backward",
+    "torch.nn.functional.scaled_dot_product_attention": "the backend the target GPU picks (kernels/sdpa.py)",
+    "torch._pad_packed_sequence": "batch sizes kept on the host (shims/packed_sequences.py)",
+    "torch.functional.einsum": "composed as releases before 2.9 compose it, for --torch 2.8 and older",
+    "torch.Tensor.item": "fake mode: a placeholder number (fake/placeholders.py)",
+    "torch.Tensor.__bool__": "fake mode: the known value, else a guess (fake/guesses.py)",
+    "torch.Tensor.__int__": "fake mode: the known value, else a guess",
+    "torch.Tensor.__index__": "fake mode: the known value, else a guess",
+    "torch.Tensor.tolist": "fake mode: the known values, else guesses",
+    "torch.Tensor.backward": "backward with the virtual device's phases and in-place gradient sums",
+}, __name__)
 
 
 class DeviceMode(TorchFunctionMode):

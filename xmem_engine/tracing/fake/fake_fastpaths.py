@@ -25,6 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from xmem_engine.tracing.kernels.autocast_policy import aten_op
 from xmem_engine.tracing.torch_compat import is_non_overlapping_and_dense
+from xmem_engine.tracing.ops import register
 
 _PLAIN_FLOATS = (torch.float32, torch.float64)
 _CPU = torch.device("cpu")
@@ -404,3 +405,5 @@ FAST_FAKE.update({op: _viewer(op) for op in map(aten_op, _VIEWS) if op is not No
 FAST_FAKE.update({op: _computer(op) for op in map(aten_op, _COMPUTE) if op is not None})
 FAST_FAKE.update({op: _pointwise(op) for op in map(aten_op, _POINTWISE) if op is not None})
 FAST_FAKE.update({op: _pointwise(op, boolean=True) for op in map(aten_op, _COMPARISONS) if op is not None})
+
+register("fake fast path", FAST_FAKE, __name__)

@@ -38,6 +38,7 @@ from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import library_frame, op_name, user_frame
 from xmem_engine.tracing.fake.placeholders import in_range
 from xmem_engine.tracing.fake.shadow_values import SHADOW_BYTES, Shadows
+from xmem_engine.tracing.ops import register
 
 LOOP_LIMIT = 10_000  # guesses at one line before it counts as a loop on a value
 DEPTH = 32  # ops followed back from a value to the leaves of its chain
@@ -633,3 +634,7 @@ BOUNDS: dict[str, Callable[[tuple, dict], tuple[Any, str]]] = {
 # Ops whose fake kernel would touch real memory (their CPU kernels read index tensors'
 # data directly): their rule runs before it, not after it fails.
 BEFORE_FAKE = frozenset({torch.ops.aten._pack_padded_sequence.default})
+
+register("guessed value", ONES_REDUCTIONS, __name__)
+register("guessed value", UNEQUAL, __name__)
+register("size bound", BOUNDS, __name__)

@@ -15,6 +15,7 @@ import contextlib
 from typing import Any, Callable, Iterator
 
 import torch
+from xmem_engine.tracing.ops import register
 
 #: out overload -> its functional overload (those with no Meta kernel in torch 2.10-2.14)
 OUT_OVERLOADS = {"_scaled_mm.out": "_scaled_mm.default", "bmm.dtype_out": "bmm.dtype"}
@@ -59,3 +60,5 @@ def out_variant_metas() -> Iterator[list[str]]:
     finally:
         if lib is not None:
             lib._destroy()
+
+register("meta kernel", OUT_OVERLOADS, __name__)

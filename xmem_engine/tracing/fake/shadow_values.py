@@ -29,6 +29,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from xmem_engine.tracing.fake.placeholders import in_range
+from xmem_engine.tracing.ops import register
 
 # The largest storage that gets a shadow. Masks, ids and labels of a batch are far smaller;
 # activations and weights are far larger and never known anyway.
@@ -265,3 +266,5 @@ class Shadows:
                 old = self.by_storage.pop(t.untyped_storage()._cdata, None)
                 if old is not None and self.on_forget is not None:
                     self.on_forget(t, old)
+
+register("known value", _SHADOW_KERNELS, __name__)

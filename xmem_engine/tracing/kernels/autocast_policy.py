@@ -68,6 +68,7 @@ import weakref
 from typing import Any, Callable
 
 import torch
+from xmem_engine.tracing.ops import register
 
 LOWER_PRECISION_FP = "lower_precision_fp"
 FP32 = "fp32"
@@ -386,3 +387,5 @@ __all__ = [
     "cuda_ops",
     "unknown_cuda_ops",
 ]
+
+register("autocast", POLICY, __name__)

@@ -17,6 +17,7 @@ import torch
 
 from xmem_engine.gpus.cudnn import ConvProblem
 from xmem_engine.tracing.tracer import tensors_in
+from xmem_engine.tracing.ops import register
 
 FORWARD = torch.ops.aten.convolution.default
 BACKWARD = torch.ops.aten.convolution_backward.default
@@ -66,3 +67,5 @@ def record(tracer: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         tracer.conv_calls.append([out_id, keys])
         if torch.backends.cudnn.benchmark:
             tracer.cudnn_benchmark = True
+
+register("cudnn convolution", OPS, __name__)

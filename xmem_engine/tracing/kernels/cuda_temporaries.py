@@ -39,6 +39,7 @@ from typing import Any, Callable
 import torch
 
 from xmem_engine.tracing.kernels.cuda_reduce import kernel_params, reduce_plan
+from xmem_engine.tracing.ops import register
 
 Step = tuple[str, str, int]
 
@@ -198,6 +199,7 @@ RULES: dict[Any, Callable[[tuple, dict, Device], list[Step] | BySM | None]] = {
     _aten.any.default: reduction("any", None),
     _aten.all.default: reduction("all", None),
 }
+register("cuda temporaries", RULES, __name__)
 
 
 def resized_by_sm(trace: Any, sm_count: int, major: int, minor: int) -> list | None:

@@ -38,6 +38,7 @@ from typing import Any, Iterable
 
 import torch
 from xmem_engine.tracing.torch_compat import is_non_overlapping_and_dense
+from xmem_engine.tracing.ops import register
 
 aten = torch.ops.aten
 _ADD = aten.add.Tensor
@@ -137,3 +138,5 @@ def _sole_owner_of_storage(t: torch.Tensor) -> bool:
     """No other tensor (a view, its base) shares ``t``'s storage: the count is t's own
     reference plus the handle asked here."""
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2
+
+register("in-place backward", SCATTERS, __name__)

@@ -40,6 +40,7 @@ import sys
 from typing import Any, Callable, Iterator
 
 import torch
+from xmem_engine.tracing.ops import register
 
 # Rows of the input above which bitsandbytes' CUDA gemm_4bit always dequantizes the weight
 # and calls F.linear (backends/cuda/ops.py, ``_gemm_4bit_custom_max_m``; ROCm: 256).
@@ -336,3 +337,5 @@ def bitsandbytes_on_gpu(tracer: Any) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(on_import(["bitsandbytes"], lambda module: install(stack, tracer)))
         yield
+
+register("cuda composite", CUDA_COMPOSITES, __name__)
