@@ -115,7 +115,7 @@ def plain_loop(limit: int | None) -> tuple[float, int, dict]:
 
 def rows_of(path: str) -> list:
     from xmem_engine.sweep import Row
-    from xmem_engine.sweep_output import Output
+    from xmem_engine.sweep.output import Output
 
     return Output(path, Row, [VAR]).rows
 

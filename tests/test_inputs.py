@@ -28,7 +28,7 @@ def test_the_notebook_reads_the_allocator_setting_as_pytorch_does(monkeypatch):
 
 
 def test_a_sweep_reads_the_newer_variable_too(tmp_path, monkeypatch):
-    from xmem_engine.sweep_grid import make_grid
+    from xmem_engine.sweep.grid import make_grid
 
     script = tmp_path / "s.py"
     script.write_text("import torch\nx = torch.ones(4, device='cuda')\n")

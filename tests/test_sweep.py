@@ -1,4 +1,4 @@
-"""`xmem sweep` (xmem_engine/sweep.py): a grid of estimates on all cores or a Ray cluster.
+"""`xmem sweep` (xmem_engine/sweep/engine.py): a grid of estimates on all cores or a Ray cluster.
 
 The rows are the engine's estimates (one trace per script and --set values, re-simulated per
 GPU); the process pool gives exactly the rows of a serial loop, and Ray, on a local head
@@ -73,7 +73,7 @@ def results(rows) -> list[dict]:
 
 
 def read_rows(path: Path) -> list[Row]:
-    from xmem_engine.sweep_output import Output
+    from xmem_engine.sweep.output import Output
 
     return Output(str(path), Row, ["batch"]).rows
 
@@ -200,7 +200,7 @@ def test_parse_set_splits_at_top_level_commas():
     (["--workers", "0"], "--workers"),
 ])
 def test_bad_input_exits_2_before_tracing(tiny, tmp_path, monkeypatch, capsys, argv, fragment):
-    monkeypatch.setattr("xmem_engine.sweep.run_units", lambda *a, **k: pytest.fail("traced"))
+    monkeypatch.setattr("xmem_engine.sweep.engine.run_units", lambda *a, **k: pytest.fail("traced"))
     monkeypatch.chdir(tmp_path)
     if "--out" not in argv:
         argv = [*argv, "--out", "rows.csv"]
@@ -358,7 +358,7 @@ def test_a_worker_that_dies_fails_its_own_point_only(tmp_path):
 @pytest.mark.parametrize("ext", [".csv", ".jsonl"])
 def test_resume_does_not_trust_a_row_cut_short_or_altered(serial_rows, tmp_path, ext):
     # issue #36 item 4: a row cut inside peak_device_bytes was read back as a peak of 767 bytes
-    from xmem_engine.sweep_output import Output
+    from xmem_engine.sweep.output import Output
 
     path = tmp_path / ("rows" + ext)
     ok = [r for r in serial_rows if r.status == "ok" and r.peak_device_bytes][:3]
@@ -379,7 +379,7 @@ def test_resume_does_not_trust_a_row_cut_short_or_altered(serial_rows, tmp_path,
 
 def test_resume_after_an_open_quoted_field(serial_rows, tmp_path):
     # a write cut inside a quoted CSV field (the notes): the next append must not land inside it
-    from xmem_engine.sweep_output import Output
+    from xmem_engine.sweep.output import Output
 
     path = tmp_path / "rows.csv"
     ok = [r for r in serial_rows if r.status == "ok"][:2]
@@ -407,7 +407,7 @@ def test_each_point_starts_in_the_sweeps_folder_and_environment(tmp_path, monkey
 def test_a_batch_axis_is_traced_at_its_ends_and_the_rest_is_the_family(tmp_path, monkeypatch):
     """issue #34: 4 batch sizes x 2 GPUs from two traces; each row equals --exact's (a trace
     per point), and the rows not traced say so."""
-    import xmem_engine.sweep as sw
+    import xmem_engine.sweep.engine as sw
 
     script = tmp_path / "mlp.py"
     script.write_text(TINY.replace('if batch == 3:\n    raise ValueError("batch 3 is not supported")\n', ""))

@@ -1,6 +1,6 @@
 """What every ``xmem`` subcommand shares: exit codes, the errors that become them, how a
 traced script's failures are reported, and the checks of the inputs a script command takes.
-(``cli.py`` holds the commands; ``cli_advise.py`` the ``advise`` command.)
+(``main.py`` holds the commands; ``advise.py``, ``sweep.py`` and ``ops.py`` one each.)
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class XmemFailed(CLIError):
     kind = "xmem_failed"
 
 
-def _from_user_code(e: BaseException) -> bool:
+def from_user_code(e: BaseException) -> bool:
     """Did ``e`` pass through a frame of the user's code (not xmem, torch, the standard library)?"""
     from xmem_engine.tracing.frames import is_user_file
 
@@ -93,7 +93,7 @@ def _from_user_code(e: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
+def running_script(command: str, script: str, mode: str) -> Iterator[None]:
     """The one place that turns a traced script's failures into messages and exit codes:
     a bad ``--set`` is bad input; an op the mode cannot run is xmem's message; the script's
     own exception shows its traceback (from the user's code on), a syntax error only the
@@ -119,19 +119,19 @@ def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
         print(f"xmem {command}: {e}", file=sys.stderr)
         raise HostMemoryShort(str(e)) from None
     except SyntaxError as e:
-        if not _from_user_code(e) and os.path.abspath(e.filename or "") != os.path.abspath(script):
-            raise _xmem_failed(command, e) from None
+        if not from_user_code(e) and os.path.abspath(e.filename or "") != os.path.abspath(script):
+            raise xmem_failed(command, e) from None
         print("".join(traceback.format_exception_only(type(e), e)), end="", file=sys.stderr)
         message = f"{script} has a syntax error (line {e.lineno})"
         print(f"xmem {command}: {message}", file=sys.stderr)
         raise ScriptFailed(message) from None
     except Exception as e:
-        if not _from_user_code(e):
-            raise _xmem_failed(command, e) from None
+        if not from_user_code(e):
+            raise xmem_failed(command, e) from None
         print("".join(user_traceback_lines(e)), end="", file=sys.stderr)
         message = f"{script} raised {type(e).__name__}: {e} (mode {mode})"
         print(f"xmem {command}: {script} raised {type(e).__name__} (mode {mode})", file=sys.stderr)
-        hint = _torchrun_hint(e)
+        hint = torchrun_hint(e)
         if hint:
             print(f"xmem {command}: {hint}", file=sys.stderr)
             message += f"; {hint}"
@@ -145,7 +145,7 @@ def _running_script(command: str, script: str, mode: str) -> Iterator[None]:
         raise ScriptFailed(message, status=e.code) from None
 
 
-def _torchrun_hint(e: BaseException) -> str | None:
+def torchrun_hint(e: BaseException) -> str | None:
     """A script written for torchrun, run without --world-size, reads torchrun's variables."""
     from xmem_engine.tracing.shims.distributed import ENV_KEYS
 
@@ -155,7 +155,7 @@ def _torchrun_hint(e: BaseException) -> str | None:
     return None
 
 
-def _xmem_failed(command: str, e: BaseException) -> XmemFailed:
+def xmem_failed(command: str, e: BaseException) -> XmemFailed:
     import traceback
 
     print("".join(traceback.format_exception(type(e), e, e.__traceback__)), end="", file=sys.stderr)
@@ -164,7 +164,7 @@ def _xmem_failed(command: str, e: BaseException) -> XmemFailed:
     return XmemFailed(message)
 
 
-def _check_output(path: str | None, flag: str, force: bool, inputs: tuple[str, ...] = ()) -> None:
+def check_output(path: str | None, flag: str, force: bool, inputs: tuple[str, ...] = ()) -> None:
     """An output file the command will write: never one of its inputs, in a folder that
     exists, and not an existing file unless ``--force``. Checked before any work starts."""
     import os
@@ -185,11 +185,11 @@ def _check_output(path: str | None, flag: str, force: bool, inputs: tuple[str, .
         raise InputError(f"{flag} {path}: the file exists; pass --force to overwrite it")
 
 
-def _print_json(obj) -> None:
+def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, sort_keys=False))
 
 
-def _torch_version_arg(text: str) -> str:
+def torch_version_arg(text: str) -> str:
     """``--torch``: a version xmem can read (checked before any code runs)."""
     from xmem_engine.gpus.cuda_libraries import target_version
 
@@ -200,7 +200,7 @@ def _torch_version_arg(text: str) -> str:
     return text
 
 
-def _script_inputs(args) -> tuple:
+def script_inputs(args) -> tuple:
     """The script, GPU, ``--set`` and ``--iterations`` of ``estimate`` / ``advise``, checked."""
     from xmem_engine.estimate import resolve_gpu
     from xmem_engine.inputs import ENV_GPU, default_gpus, env_gpus
@@ -208,7 +208,7 @@ def _script_inputs(args) -> tuple:
     from xmem_engine.gpus.cudnn import WorkspaceTableError, check_setting
     from xmem_engine.overrides import OverrideError, parse_overrides
 
-    _check_script(args.script)
+    check_script(args.script)
     if args.gpu is not None and not args.gpu.strip():
         raise InputError("--gpu: empty GPU name; `xmem gpus` lists the names")
     from_env = args.gpu is None and bool(env_gpus())
@@ -228,7 +228,7 @@ def _script_inputs(args) -> tuple:
     return gpu, overrides
 
 
-def _batch_value(script: str, var: str, flag: str) -> int:
+def batch_value(script: str, var: str, flag: str) -> int:
     """The positive integer the script assigns ``var`` at top level (bad input otherwise)."""
     from xmem_engine.overrides import OverrideError, positive_int_value
 
@@ -238,14 +238,14 @@ def _batch_value(script: str, var: str, flag: str) -> int:
         raise InputError(f"{flag} {var}: {e}") from None
 
 
-def _check_script(path: str) -> None:
+def check_script(path: str) -> None:
     import os
 
     if not os.path.isfile(path):
         raise InputError(f"no such script: {path}" + (" (it is a folder)" if os.path.isdir(path) else ""))
 
 
-def _alloc_conf(text: str | None):
+def alloc_conf_arg(text: str | None):
     """``--alloc-conf``: PyTorch's grammar, and a setting xmem can simulate."""
     from xmem_engine.simulation.alloc_conf import AllocConfError, parse_alloc_conf, require_native
 

@@ -1,6 +1,6 @@
 """``xmem advise``: what would make a training script fit a GPU (:mod:`xmem_engine.advisor`).
 
-Kept beside ``cli.py``, whose conventions it follows: inputs checked before the script runs
+Kept beside ``main.py``, whose conventions it follows: inputs checked before the script runs
 (exit 2), the script's failures as ``xmem estimate`` reports them (exit 1), 3 when nothing
 measured makes the step fit.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from xmem_engine.cli_common import (EXIT_MISMATCH, EXIT_OK, _alloc_conf, _batch_value, _print_json,
-                                    _running_script, _script_inputs, _torch_version_arg)
+from xmem_engine.cli.common import (EXIT_MISMATCH, EXIT_OK, alloc_conf_arg, batch_value, print_json,
+                                    running_script, script_inputs, torch_version_arg)
 from xmem_engine.trace import MODES
 
 
@@ -34,7 +34,7 @@ def add_advise(sub) -> None:
                    help="the run's own PYTORCH_CUDA_ALLOC_CONF; allocator levers add to it")
     p.add_argument("--mode", choices=MODES, default="auto")
     p.add_argument("--iterations", type=int, metavar="N", help="trace at most N iterations of the training loop")
-    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=_torch_version_arg,
+    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=torch_version_arg,
                    help="estimate for this PyTorch version on the GPU (default: the installed one)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_advise)
@@ -43,18 +43,18 @@ def add_advise(sub) -> None:
 def _cmd_advise(args) -> int:
     from xmem_engine.advisor import advise
 
-    gpu, overrides = _script_inputs(args)
-    _alloc_conf(args.alloc_conf or None)
+    gpu, overrides = script_inputs(args)
+    alloc_conf_arg(args.alloc_conf or None)
     if args.batch_var and args.batch_var not in overrides:
-        _batch_value(args.script, args.batch_var, "--batch-var")
+        batch_value(args.script, args.batch_var, "--batch-var")
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
-    with _running_script("advise", args.script, args.mode), quiet:
+    with running_script("advise", args.script, args.mode), quiet:
         advice = advise(args.script, gpu, batch_var=args.batch_var, overrides=overrides, mode=args.mode,
                         alloc_conf=args.alloc_conf,
                         torch_version=args.torch_version, iterations=args.iterations,
                         progress=lambda m: print(f"xmem advise: measuring {m}", file=sys.stderr, flush=True))
     if args.json:
-        _print_json(advice.to_json())
+        print_json(advice.to_json())
     else:
         print(advice.summary())
     return EXIT_OK if advice.baseline.fits or advice.combination else EXIT_MISMATCH

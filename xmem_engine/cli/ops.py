@@ -7,7 +7,7 @@ allocations, values or sizes xmem models itself.
 
 from __future__ import annotations
 
-from xmem_engine.cli_common import EXIT_OK, InputError, _print_json
+from xmem_engine.cli.common import EXIT_OK, InputError, print_json
 
 
 def add_ops(sub) -> None:
@@ -32,7 +32,7 @@ def _cmd_ops(args) -> int:
         raise InputError(f"--kind {args.kind!r}: one of {', '.join(sorted(KINDS))}")
     found = [r for r in rules(args.kind) if not args.grep or args.grep in r.op]
     if args.json:
-        _print_json({"kinds": KINDS, "rules": [dataclasses.asdict(r) for r in found]})
+        print_json({"kinds": KINDS, "rules": [dataclasses.asdict(r) for r in found]})
         return EXIT_OK
     for kind, what in KINDS.items():
         n = sum(r.kind == kind for r in found)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from xmem_engine.cli_common import EXIT_OK, EXIT_USER_CODE, InputError, _torch_version_arg
+from xmem_engine.cli.common import EXIT_OK, EXIT_USER_CODE, InputError, torch_version_arg
 from xmem_engine.trace import MODES
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a command stopped by Ctrl-C (128 + SIGINT)
@@ -64,7 +64,7 @@ def add_sweep(sub) -> None:
                    help="scripts written for torchrun: estimate rank 0 of each of these world sizes (re-traced "
                    "per size)")
     p.add_argument("--iterations", type=int, metavar="N", help="trace at most N iterations of the training loop")
-    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=_torch_version_arg,
+    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=torch_version_arg,
                    help="estimate for this PyTorch version on the GPU (default: the installed one)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_sweep)

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-from xmem_engine.cli_common import (  # noqa: F401  (REPORT_HINT and the errors: part of the CLI's API)
+from xmem_engine.cli.common import (  # noqa: F401  (REPORT_HINT and the errors: part of the CLI's API)
     EXIT_OK,
     EXIT_USER_CODE,
     EXIT_USAGE,
@@ -29,16 +29,16 @@ from xmem_engine.cli_common import (  # noqa: F401  (REPORT_HINT and the errors:
     Interrupted,
     OutputFailed,
     XmemFailed,
-    _check_output,
-    _running_script,
-    _xmem_failed,
-    _print_json,
-    _torch_version_arg,
-    _script_inputs,
-    _batch_value,
-    _check_script,
-    _from_user_code,
-    _alloc_conf,
+    check_output,
+    running_script,
+    xmem_failed,
+    print_json,
+    torch_version_arg,
+    script_inputs,
+    batch_value,
+    check_script,
+    from_user_code,
+    alloc_conf_arg,
 )
 from xmem_engine.trace import MODES
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"xmem {args.command} takes no script arguments after --")
     except SystemExit as e:
         if e.code == EXIT_USAGE and "--json" in own:
-            _print_json(InputError(_Parser.last_error).json())
+            print_json(InputError(_Parser.last_error).json())
         raise
     if hasattr(args, "script_args"):
         args.script_args = script_args
@@ -104,7 +104,7 @@ def _run(args) -> int:
         if isinstance(e, InputError):
             print(f"xmem {args.command}: error: {e}", file=sys.stderr)
         if getattr(args, "json", False):  # stdout still carries one JSON object
-            _print_json(e.json())
+            print_json(e.json())
         return e.code
 
 
@@ -161,7 +161,7 @@ def _in_child(run, args) -> int:
                            "xmem could answer", status=os.WEXITSTATUS(status))
     _said(args, err)
     if getattr(args, "json", False):
-        _print_json(err.json())
+        print_json(err.json())
     return err.code
 
 
@@ -219,8 +219,8 @@ def _cmd_replay(args) -> int:
     from xmem_engine.simulation.replay import recorded_devices, replay_snapshot
     from xmem_engine.simulation.snapshot import SnapshotFormatError, UnsafeSnapshotError, load_snapshot
 
-    cfg = _alloc_conf(args.alloc_conf)
-    _check_output(args.snapshot_out, "--snapshot-out", args.force, (args.snapshot,))
+    cfg = alloc_conf_arg(args.alloc_conf)
+    check_output(args.snapshot_out, "--snapshot-out", args.force, (args.snapshot,))
     try:
         snap = load_snapshot(args.snapshot)
     except (FileNotFoundError, SnapshotFormatError, UnsafeSnapshotError) as e:
@@ -257,10 +257,10 @@ def _cmd_replay(args) -> int:
     except (ValueError, RuntimeError) as e:  # well-formed fields whose requests cannot happen
         raise InputError(f"{args.snapshot}: its requests cannot be replayed: {e}") from None
     if args.device == "all":
-        _print_json({"snapshot": args.snapshot, "devices": [out for _, out in reports],
+        print_json({"snapshot": args.snapshot, "devices": [out for _, out in reports],
                      "ok": all(r.ok for r, _ in reports)})
     else:
-        _print_json({**reports[0][1], "snapshot": args.snapshot})
+        print_json({**reports[0][1], "snapshot": args.snapshot})
     if args.check and not all(r.ok for r, _ in reports):
         return EXIT_MISMATCH
     return EXIT_OK
@@ -323,8 +323,8 @@ def _cmd_simulate(args) -> int:
     from xmem_engine.trace import Trace
     from xmem_engine.simulation.allocator import CachingAllocator
 
-    cfg = _alloc_conf(args.alloc_conf)
-    _check_output(args.snapshot, "--snapshot", args.force, (args.events,))
+    cfg = alloc_conf_arg(args.alloc_conf)
+    check_output(args.snapshot, "--snapshot", args.force, (args.events,))
     try:
         trace = Trace.read_jsonl(args.events)
     except FileNotFoundError:
@@ -354,7 +354,7 @@ def _cmd_simulate(args) -> int:
         "seconds": round(res.seconds, 4),
     }
     if args.json:
-        _print_json(summary)
+        print_json(summary)
     else:
         gib = 1 << 30
         print(f"{len(trace):,} events: peak allocated {res.peak_allocated_bytes / gib:.3f} GiB, "
@@ -388,11 +388,11 @@ def _cmd_trace(args) -> int:
     from xmem_engine.overrides import parse_overrides
     from xmem_engine.tracing import trace_script
 
-    _check_script(args.script)
+    check_script(args.script)
     if args.max_iterations is not None and args.max_iterations < 1:
         raise InputError(f"--max-iterations must be at least 1, not {args.max_iterations}")
-    _check_output(args.events, "--events", args.force, (args.script,))
-    with _running_script("trace", args.script, args.mode):
+    check_output(args.events, "--events", args.force, (args.script,))
+    with running_script("trace", args.script, args.mode):
         overrides = parse_overrides(args.overrides)
         tr = trace_script(args.script, mode=args.mode, overrides=overrides, max_iterations=args.max_iterations)
     try:
@@ -426,7 +426,7 @@ def _add_estimate(sub) -> None:
     p.add_argument("--alloc-conf", metavar="STR", help="PYTORCH_CUDA_ALLOC_CONF for the GPU run")
     p.add_argument("--iterations", type=int, metavar="N",
                    help="trace only the first N training iterations (the peak is usually reached by the 2nd)")
-    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=_torch_version_arg,
+    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=torch_version_arg,
                    help="estimate for this PyTorch version's CUDA behaviour (default: the installed one)")
     p.add_argument("--compile", choices=("inductor", "eager"), help="torch.compile: inductor (for the target GPU; needs "
                    "Triton) or eager (to see what compiling saves); default: $XMEM_COMPILE or inductor")
@@ -494,16 +494,16 @@ def _cmd_estimate(args) -> int:
     from xmem_engine.estimate import estimate_script, estimate_trace, max_batch, script_branches_on
 
     # Everything the user gave is checked before the script runs.
-    gpu, overrides = _script_inputs(args)
-    _alloc_conf(args.alloc_conf)
+    gpu, overrides = script_inputs(args)
+    alloc_conf_arg(args.alloc_conf)
     os.environ.update({"XMEM_COMPILE": args.compile} if args.compile else {})  # read by trace(compile=None)
-    _check_output(args.events, "--events", args.force, (args.script,))
-    _check_output(args.snapshot, "--snapshot", args.force, (args.script,))
+    check_output(args.events, "--events", args.force, (args.script,))
+    check_output(args.snapshot, "--snapshot", args.force, (args.script,))
     if args.events and args.snapshot and os.path.abspath(args.events) == os.path.abspath(args.snapshot):
         raise InputError(f"--events and --snapshot name the same file ({args.events}); give two files")
     start = None
     if args.max_batch:
-        start = _batch_value(args.script, args.max_batch, "--max-batch")
+        start = batch_value(args.script, args.max_batch, "--max-batch")
         if args.max_batch in overrides:
             raise InputError(f"--max-batch {args.max_batch} and --set {args.max_batch}=...: the search sets "
                              f"{args.max_batch} itself; drop one of them")
@@ -520,7 +520,7 @@ def _cmd_estimate(args) -> int:
     # With --json, stdout carries one JSON object: the script's own prints go to stderr.
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     search = None
-    with _running_script("estimate", args.script, args.mode):
+    with running_script("estimate", args.script, args.mode):
         with quiet:
             if args.max_batch:
                 family = lambda tr: estimate_trace(tr, gpu, args.alloc_conf, torch_version=args.torch_version)  # noqa: E731
@@ -552,14 +552,14 @@ def _cmd_estimate(args) -> int:
     if search is not None:
         out = {"variable": args.max_batch, **search.to_json(), "gpu": gpu.key, **(est.to_json() if est else {})}
         if args.json:
-            _print_json(out)
+            print_json(out)
         else:
             print(search.describe(args.max_batch, gpu.name))
             if est is not None and search.value:
                 print(est.summary())
         return EXIT_OK if search.value > 0 else EXIT_MISMATCH
     if args.json:
-        _print_json(est.to_json())
+        print_json(est.to_json())
     else:
         print(est.summary())
         if args.safe and est.fits and not est.fits_safely:
@@ -612,7 +612,7 @@ def _cmd_gpus(args) -> int:
                 fixed.append(part(g, "driver_reserved_bytes").to_json())
             return {**asdict(g), "fixed_memory": fixed}
 
-        _print_json({k: entry(g) for k, g in catalog.items()})
+        print_json({k: entry(g) for k, g in catalog.items()})
         return EXIT_OK
     def mib(g, name: str) -> str:  # "~" marks a figure not measured on that GPU (it has a range)
         value = getattr(g, name)
@@ -637,9 +637,9 @@ def _cmd_gpus(args) -> int:
 
 def _add_kept_apart(sub) -> None:
     """The subcommands kept in modules of their own, after ``estimate``."""
-    from xmem_engine.cli_advise import add_advise
-    from xmem_engine.cli_ops import add_ops
-    from xmem_engine.cli_sweep import add_sweep
+    from xmem_engine.cli.advise import add_advise
+    from xmem_engine.cli.ops import add_ops
+    from xmem_engine.cli.sweep import add_sweep
 
     add_advise(sub)
     add_sweep(sub)

@@ -20,7 +20,7 @@ patches torch process-wide), ``"ray"`` (tasks on a Ray cluster; each carries the
 text, so nodes need xmem and torch but not the user's files), ``"serial"`` (in this process,
 one unit after another: the reference the others must equal). A point whose script fails
 becomes a row with its error; the sweep goes on. Rows reach the output file
-(:mod:`xmem_engine.sweep_output`) as units finish, and a later run with the same file skips
+(:mod:`xmem_engine.sweep.output`) as units finish, and a later run with the same file skips
 the points it holds.
 """
 
@@ -34,9 +34,9 @@ import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable
 
-from xmem_engine.sweep_grid import (Grid, SweepInputError, make_grid, parse_set,  # noqa: F401  (the API)
+from xmem_engine.sweep.grid import (Grid, SweepInputError, make_grid, parse_set,  # noqa: F401  (the API)
                                     point_key)
-from xmem_engine.sweep_output import Output, OutputError
+from xmem_engine.sweep.output import Output, OutputError
 
 ENGINES = ("local", "ray", "serial")
 TIMING_FIELDS = ("seconds", "trace_seconds", "simulate_seconds")
