@@ -148,3 +148,14 @@ def test_the_wings_are_found_by_name():
                 "xmem_jupyter/widget.py", "xmem_engine/gpus/catalog.py", "xmem_engine/estimate.py",
                 "docs/allocator.md"):
         assert (REPO / rel).is_file(), rel
+
+
+def test_no_module_imports_another_modules_private_names():
+    """issue #33: what other modules import is public; a leading underscore means "this module's"."""
+    bad = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
+                bad += [(name, node.module, a.name) for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad

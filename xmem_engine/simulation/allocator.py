@@ -201,7 +201,7 @@ class Segment:
     head: Block | None = None  # the block at addr; next links reach every block
 
 
-class _VirtualAddressSpace:
+class VirtualAddressSpace:
     """Hands out 2 MiB-aligned device addresses, top down like the CUDA driver tends to."""
 
     def __init__(self, top: int = 0x7F0000000000):
@@ -274,7 +274,7 @@ class CachingAllocator:
             raise ValueError("backend:cudaMallocAsync bypasses the caching allocator; xmem simulates the native one")
         self.capacity = capacity
         self.device_total = device_total if device_total is not None else capacity
-        self._vas = _VirtualAddressSpace()
+        self._vas = VirtualAddressSpace()
         self._device_malloc = device_malloc or self._vas.malloc
         self._device_free = device_free or self._vas.free
         self._device_reserve = device_reserve or (lambda size, stream, is_small: self._vas.reserve(size))

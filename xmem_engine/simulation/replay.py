@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 
 from xmem_engine.simulation.alloc_conf import AllocatorConfig, parse_alloc_conf
 from xmem_engine.simulation.allocator import (K_LARGE_BUFFER, Block, CachingAllocator, OutOfMemoryError,
-                                              _VirtualAddressSpace)
-from xmem_engine.simulation.start_state import (_events, infer_device_total, is_warm,  # noqa: F401 (re-exported)
+                                              VirtualAddressSpace)
+from xmem_engine.simulation.start_state import (snapshot_events, infer_device_total, is_warm,  # noqa: F401 (re-exported)
                                                 rebuild_start_state)
 
 
@@ -151,7 +151,7 @@ def _replay(snapshot: dict, config: AllocatorConfig | None, device: int, check: 
     recorded_cfg = config_from_snapshot(snapshot)
     cfg = config or recorded_cfg
     check = check and config is None
-    events = _events(snapshot, device)
+    events = snapshot_events(snapshot, device)
     report = ReplayReport(alloc_conf=cfg.source, device=device)
     if device_total is None:
         device_total = infer_device_total(snapshot, device)
@@ -249,7 +249,7 @@ def _replay(snapshot: dict, config: AllocatorConfig | None, device: int, check: 
             report.unpredicted_segment_unmaps += 1
             report._miss(f"simulator unmapped {size} B at 0x{addr:x} where the recording did not")
 
-    fallback = _VirtualAddressSpace(top=0x100000000000)  # below any real address seen
+    fallback = VirtualAddressSpace(top=0x100000000000)  # below any real address seen
     if check:
         alloc = CachingAllocator(cfg, device_total=device_total, device_malloc=device_malloc, history=history,
                                  device_reserve=device_reserve, device_map=device_map,

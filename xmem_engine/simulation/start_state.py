@@ -17,7 +17,7 @@ from xmem_engine.simulation.allocator import (K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, 
                                               CachingAllocator)
 
 
-def _events(snapshot: dict, device: int = 0) -> list[dict]:
+def snapshot_events(snapshot: dict, device: int = 0) -> list[dict]:
     traces = snapshot.get("device_traces") or []
     return list(traces[device]) if len(traces) > device else []
 
@@ -71,7 +71,7 @@ def _expandable_start(snapshot: dict, device: int) -> tuple[_Ranges, dict[int, d
         if s.get("device", 0) == device and s.get("is_expandable"):
             mapped.add(s["address"], s["address"] + s["total_size"])
             final[s["address"]] = s
-    for e in reversed(_events(snapshot, device)):
+    for e in reversed(snapshot_events(snapshot, device)):
         if e["action"] == "segment_map":
             mapped.remove(e["addr"], e["addr"] + e["size"])
         elif e["action"] == "segment_unmap":
@@ -81,7 +81,7 @@ def _expandable_start(snapshot: dict, device: int) -> tuple[_Ranges, dict[int, d
 
 def is_warm(snapshot: dict, device: int = 0) -> bool:
     """True when the recording started with segments already reserved (or pages mapped)."""
-    events = _events(snapshot, device)
+    events = snapshot_events(snapshot, device)
     segs = {s["address"] for s in snapshot["segments"]
             if s.get("device", 0) == device and not s.get("is_expandable")}
     for e in reversed(events):
@@ -100,7 +100,7 @@ def _expandable_extents(snapshot: dict, device: int) -> list[tuple[bool, int, in
     for s in snapshot["segments"]:
         if s.get("device", 0) == device and s.get("is_expandable"):
             out.append((s.get("segment_type") == "small", s["stream"], s["address"], s["address"] + s["total_size"]))
-    for e in _events(snapshot, device):
+    for e in snapshot_events(snapshot, device):
         if e["action"] in ("segment_map", "segment_unmap") and e["size"] > 0:
             inside = [x for x in out if x[1] == e["stream"] and x[2] <= e["addr"] < x[3]]
             small = inside[0][0] if inside else e["size"] % K_LARGE_BUFFER != 0
@@ -172,7 +172,7 @@ def rebuild_start_state(snapshot: dict, config: AllocatorConfig, device: int = 0
         for b in s["blocks"]:
             if b["state"] in ("active_allocated", "active_pending_free"):
                 live[b["address"]] = (b["size"], b["requested_size"])
-    events = _events(snapshot, device)
+    events = snapshot_events(snapshot, device)
     freed_at: dict[int, int] = {}  # start-live addr -> index of the event that frees it
     first_alloc: dict[int, int] = {}  # recorded alloc addr -> index of its first alloc
     for idx in range(len(events) - 1, -1, -1):

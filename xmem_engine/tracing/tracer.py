@@ -623,7 +623,7 @@ class Tracer:
             stack.enter_context(patched_attr(torch.optim.Optimizer, "__init__", self._optimizer_init()))
             stack.enter_context(optim_mod.register_optimizer_step_pre_hook(self._optimizer_pre))
             stack.enter_context(optim_mod.register_optimizer_step_post_hook(self._optimizer_post))
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack))
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, unpack_saved))
             yield self
 
     def close(self) -> None:
@@ -644,5 +644,5 @@ class Tracer:
         return self.events
 
 
-def _unpack(t: torch.Tensor) -> torch.Tensor:
+def unpack_saved(t: torch.Tensor) -> torch.Tensor:
     return t

@@ -430,7 +430,7 @@ def hooks_off(tracer: Any, off: bool = True) -> Iterator[None]:
     the compiled graph's runtime has them on again, its saved tensors being activations like any."""
     import torch.nn.modules.module as module_mod
 
-    from xmem_engine.tracing.tracer import _unpack
+    from xmem_engine.tracing.tracer import unpack_saved
 
     hooks = ((module_mod._global_forward_pre_hooks, -1, tracer._forward_pre),
              (module_mod._global_forward_hooks, -2, tracer._forward_post))
@@ -448,7 +448,7 @@ def hooks_off(tracer: Any, off: bool = True) -> Iterator[None]:
     if off and mine:
         torch._C._autograd._pop_saved_tensors_default_hooks()
     elif not off and not mine:
-        torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, _unpack)
+        torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, unpack_saved)
     try:
         yield
     finally:
@@ -458,7 +458,7 @@ def hooks_off(tracer: Any, off: bool = True) -> Iterator[None]:
             else:
                 d.pop(k, None)
         if off and mine:
-            torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, _unpack)
+            torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, unpack_saved)
         elif not off and not mine:
             torch._C._autograd._pop_saved_tensors_default_hooks()
 
