@@ -61,9 +61,9 @@ finetune-setup:
 
 # The fine-tuning stack's tests (they skip where a library is missing; here none is).
 test-finetune: finetune-setup
-	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider tests/test_finetune_*.py tests/test_compile_toggle.py
+	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider tests/finetune tests/jupyter/test_compile_toggle.py
 	@# the compile toggle in JupyterLab, in the kernel finetune-setup installs (skips without .venv's browser)
-	if [ -x .venv/bin/python ]; then .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_browser_compile.py; fi
+	if [ -x .venv/bin/python ]; then .venv/bin/python -m pytest -q -p no:cacheprovider tests/browser/test_browser_compile.py; fi
 
 # The fine-tuning zoo (benchmarks/zoo/finetune/): every script estimated under an 8 GiB cap.
 zoo-finetune: finetune-setup

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the browser the JupyterLab test drives (tests/test_browser_lab.py): Debian's
+# Install the browser the JupyterLab test drives (tests/browser/test_browser_lab.py): Debian's
 # chromium + chromium-driver. Playwright uses it through executable_path, so no browser
 # download from the internet is needed. Idempotent: does nothing when /usr/bin/chromium exists.
 set -euo pipefail

@@ -17,6 +17,5 @@ fi
 echo "engine tests on torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
 # The package from this checkout (no install: that would build the JupyterLab extension).
 PYTHONPATH="$PWD" "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-    --ignore=tests/test_browser_lab.py --ignore=tests/test_browser_labext.py \
-    --ignore=tests/test_notebooks.py --ignore=tests/test_labextension.py \
-    --ignore-glob='tests/test_jupyter_*'
+    --ignore=tests/browser/test_browser_lab.py --ignore=tests/browser/test_browser_labext.py \
+    --ignore=tests/jupyter

@@ -39,8 +39,8 @@ def _cuda_build_gaps() -> dict[str, str]:
     rnn = ("a CUDA build autocasts cuDNN's _cudnn_rnn, which the tracer does not re-create yet: RNNs "
            "run as the CPU kernels run them (issue #14, cuDNN RNNs)")
     gaps = {
-        "tests/test_autocast.py::test_the_policy_table_covers_what_the_running_torch_autocasts_on_cuda": rnn,
-        "tests/test_tracer.py::test_cuda_only_calls_are_named_with_the_line_and_nvtx_is_a_no_op":
+        "tests/tracing/test_autocast.py::test_the_policy_table_covers_what_the_running_torch_autocasts_on_cuda": rnn,
+        "tests/tracing/test_tracer.py::test_cuda_only_calls_are_named_with_the_line_and_nvtx_is_a_no_op":
             "a CUDA build without a driver fails CUDA-only calls with the driver's message, not the "
             "call's name (issues #14 and #16)",
     }
@@ -49,14 +49,16 @@ def _cuda_build_gaps() -> dict[str, str]:
     if prefer_cudnn((9, 0)):  # the running torch has a cuDNN that SDPA prefers on sm90
         cudnn = ("with this torch's cuDNN, SDPA prefers cuDNN attention on sm90 (as the tracer does); "
                  "the expectations assume a CPU build's choice (issue #14)")
-        gaps["tests/test_sdpa.py::test_backend_choice_details"] = cudnn
-        gaps["tests/test_sdpa.py::test_backend_choice_follows_select_sdp_backend[H100-26]"] = cudnn
+        gaps["tests/tracing/test_sdpa.py::test_backend_choice_details"] = cudnn
+        gaps["tests/tracing/test_sdpa.py::test_backend_choice_follows_select_sdp_backend[H100-26]"] = cudnn
     return gaps
 
 
 def pytest_collection_modifyitems(config, items):
     gaps = _cuda_build_gaps()
     for item in items:
+        if item.nodeid.startswith("tests/browser/"):
+            item.add_marker(pytest.mark.browser)
         reason = gaps.get(item.nodeid)
         if reason:
             item.add_marker(pytest.mark.xfail(strict=True, reason=reason))

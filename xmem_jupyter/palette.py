@@ -7,7 +7,7 @@ the same wherever a user meets it.
 
 Text and marks that must read on the page's background come in two shades (:data:`THEMED`):
 one for a light theme, one for a dark one, each at least 4.5:1 against its theme's
-backgrounds (``tests/test_jupyter_widget.py`` computes the ratios). The widget, its charts and
+backgrounds (``tests/jupyter/test_jupyter_widget.py`` computes the ratios). The widget, its charts and
 the saved report pick the shade through CSS custom properties (:func:`stylesheet`,
 ``--xmem-*``) that follow JupyterLab's theme (``body[data-jp-theme-light]``); Bokeh reads them
 for the canvas through its own ``--bk-*`` variables (``charts.themed``). The lab extension

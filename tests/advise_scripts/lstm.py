@@ -1,5 +1,5 @@
 """An LSTM language model trained with Adam. AMP and ACCUM switch on, by hand, the changes
-`xmem advise` measures (tests/test_advisor.py)."""
+`xmem advise` measures (tests/cli/test_advisor.py)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

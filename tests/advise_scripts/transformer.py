@@ -1,5 +1,5 @@
 """A GPT-style transformer (explicit attention) trained with AdamW. AMP, CKPT and ACCUM switch
-on, by hand, the changes `xmem advise` measures (tests/test_advisor.py)."""
+on, by hand, the changes `xmem advise` measures (tests/cli/test_advisor.py)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -2,7 +2,7 @@
 
 ``%%xmem`` runs a cell's training step twice (``tracing/steady.py``): the second step sees the
 optimizer's state and a warm cache. Most caches have settled by then; some settle a step later
-(the test MLP of ``tests/test_steady_state.py`` reserves 1 GiB more in step 3 than in step 2, and
+(the test MLP of ``tests/tracing/test_steady_state.py`` reserves 1 GiB more in step 3 than in step 2, and
 nothing more after), and the two-step figure was that much low. Tracing a third step costs a
 third more time; its requests, though, are the second step's: same program, same shapes. So
 the second pass's requests are appended again, here, as the third step's (and the fourth's, ...),

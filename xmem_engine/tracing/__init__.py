@@ -30,7 +30,7 @@ How it works
   (an op with no size rule on a large unknown tensor, a loop on a guessed value), and only
   if the host has the memory for it. A few hot ops (convolution, batch norm
   and their backwards, copies, simple in-place ops) take shortcuts in fake mode that give the
-  outputs FakeTensorMode's kernels give, faster (``tests/test_tracer_fastpaths.py``).
+  outputs FakeTensorMode's kernels give, faster (``tests/tracing/test_tracer_fastpaths.py``).
 * The tracer records what this CPU run does with the CUDA defaults it can see at trace
   time (tensors report ``cuda``, so optimizers pick ``foreach``). Two kernels are rewritten
   to allocate as on the target GPU: dropout (``native_dropout``'s bool mask) and

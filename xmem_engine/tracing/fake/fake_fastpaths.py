@@ -9,7 +9,7 @@ the optimizers' foreach ops - the tracer states the outputs and makes them direc
 meta tensors wrapped the way FakeTensorMode wraps them; views, mm, bmm and softmax run
 their C++ meta kernels on the fake tensors. Each shortcut returns ``NotImplemented`` for
 any case it does not cover (type promotion, other layouts, broadcasting errors, constants),
-and the op then takes FakeTensorMode's own path. ``tests/test_tracer_fastpaths.py`` checks
+and the op then takes FakeTensorMode's own path. ``tests/tracing/test_tracer_fastpaths.py`` checks
 the outputs against FakeTensorMode's; whole traces stay event-for-event the same.
 
 Shortcuts run inside the tracer's dispatch mode with FakeTensorMode active, so the
@@ -368,7 +368,7 @@ def _pointwise(func: Any, boolean: bool = False) -> Callable[..., Any]:
 
 
 # Meta kernels faster than FakeTensorMode's cache (C++ ones); each output checked against
-# FakeTensorMode's in tests/test_tracer_fastpaths.py.
+# FakeTensorMode's in tests/tracing/test_tracer_fastpaths.py.
 _COMPUTE = ("mm.default", "bmm.default", "_softmax.default", "silu_backward.default", "zeros_like.default",
             "full_like.default", "empty_like.default", "ones_like.default")
 _POINTWISE = ("add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "mul.Scalar", "div.Scalar", "add.Scalar",

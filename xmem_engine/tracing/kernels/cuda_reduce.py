@@ -54,7 +54,7 @@ float for sum/mean/norm of float16/bfloat16/float32, ``pair<scalar_t, int64_t>``
 ``max``/``min`` with a dim, ``WelfordData<acc, int>`` (16 B for float) for var/std, the input
 type itself for ``amax``/``amin``.
 
-Checked against real GPU recordings (tests/test_cuda_reduce.py): on an H100 with torch 2.6,
+Checked against real GPU recordings (tests/tracing/test_cuda_reduce.py): on an H100 with torch 2.6,
 an RMSNorm gradient summed over a last dim that is not the fastest-moving one, and a
 vocabulary-wide ``max(dim=-1)`` and ``sum`` of logits stored vocabulary-major; a full
 ``sum()`` to a scalar (a v2.6-era build); RMSNorm weight gradients (``sum`` over the batch

@@ -21,7 +21,7 @@ pytest.importorskip("jupyter_bokeh")
 from xmem_engine.estimate import REPORT_MIME, estimate  # noqa: E402
 from xmem_jupyter.figures import amount, figures, split_text  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
 # Two 600 MiB tensors (the allocated peak), both freed, then a 700 MiB one that no cached

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_server import CHROMIUM, CHROMIUM_ARGS, get_json, jupyter_server, needs_chromium
+from tests.jupyter_server import CHROMIUM, CHROMIUM_ARGS, get_json, jupyter_server, needs_chromium
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "xmem_engine" / "data" / "report-examples"
 ARTIFACTS = REPO / "artifacts"
 MIME = "application/vnd.xmem.report+json"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium, run_all_in_lab
+from tests.jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium, run_all_in_lab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
 NOTEBOOK = ROOT / "demo_notebooks" / "01_quickstart.ipynb"
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"

@@ -83,7 +83,7 @@ def _committed_measurement(source: str) -> bool:
     import re
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     files = re.findall(r"benchmarks/data/[\w.-]+\.jsonl", source)
     return source.startswith("measured on ") and bool(files) and all((repo / f).is_file() for f in files)
 

@@ -27,7 +27,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 from xmem_engine.tracing import Tracer, trace  # noqa: E402
 from xmem_engine.tracing.shims.triton_launches import TMA_DESCRIPTOR_BYTES, written_params  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 N = 1 << 16  # elements of the vectors the kernels add: 256 KiB in float32
 
 

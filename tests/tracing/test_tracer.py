@@ -672,7 +672,7 @@ def test_a_custom_op_without_fake_kernel_runs_for_real_once():
 
 # torch.compile asked to run eagerly (--compile eager; real mode; a torch without Triton): the
 # estimate is the eager step's and says so once, at the user's line, with the reason.
-# (Compiling for the GPU: tests/test_torch_compile.py.)
+# (Compiling for the GPU: tests/tracing/test_torch_compile.py.)
 COMPILED = """
 import torch
 model = torch.nn.Linear(64, 64).cuda()

@@ -13,7 +13,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from xmem_engine.estimate import REPORT_MIME, REPORT_VERSION, estimate  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1] / "xmem_engine" / "data"
+DATA = Path(__file__).resolve().parents[2] / "xmem_engine" / "data"
 SCHEMA_FILE = DATA / "report.schema.json"
 EXAMPLES = sorted((DATA / "report-examples").glob("*.json"))
 

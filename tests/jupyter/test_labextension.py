@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LABEXT = REPO / "labextension"
 PACKAGE = json.loads((LABEXT / "package.json").read_text())
 NAME = PACKAGE["name"]

@@ -12,14 +12,14 @@ import pytest
 pytest.importorskip("ipywidgets")
 pytest.importorskip("jupyter_bokeh")
 
-from test_torch_compile import POINTWISE_MLP  # noqa: E402
+from tests.tracing.test_torch_compile import POINTWISE_MLP  # noqa: E402
 from xmem_engine.tracing.compiler.torch_compile import compile_unavailable  # noqa: E402
 from xmem_jupyter.flame import human  # noqa: E402
 from xmem_jupyter.session import Session  # noqa: E402
 from xmem_jupyter.widget import XmemWidget  # noqa: E402
 
 GPU = "H100-SXM-80GB"
-# one compiled training step (also the browser test's cell: tests/test_browser_compile.py)
+# one compiled training step (also the browser test's cell: tests/browser/test_browser_compile.py)
 COMPILED_STEP = POINTWISE_MLP + """model = torch.compile(MLP().cuda())
 opt = torch.optim.AdamW(model.parameters())
 x = torch.randn(4096, 1024, device="cuda")

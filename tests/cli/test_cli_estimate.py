@@ -7,7 +7,7 @@ import pytest
 
 from xmem_engine.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = str(REPO / "examples" / "train_cnn.py")
 
 

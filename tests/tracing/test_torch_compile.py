@@ -2,7 +2,7 @@
 
 These run where Inductor can write CUDA code: a CUDA build of torch with Triton (PyPI's default
 Linux wheel: `make test-torch-ends`, `make test-finetune`); on the CPU build they skip, and
-tests/test_tracer.py checks the eager path there. The trace must hold exactly the buffers of the
+tests/tracing/test_tracer.py checks the eager path there. The trace must hold exactly the buffers of the
 wrapper code Inductor generated, read back from its output file."""
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def test_dynamo_optimize_compiles_as_torch_compile_does():
     assert got == forward + backward
 
 
-# an MLP whose pointwise chain after l1 (gelu, *2, +1) Inductor fuses (also tests/test_compile_toggle.py)
+# an MLP whose pointwise chain after l1 (gelu, *2, +1) Inductor fuses (also tests/jupyter/test_compile_toggle.py)
 POINTWISE_MLP = """import torch, torch.nn as nn, torch.nn.functional as F
 class MLP(nn.Module):
     def __init__(s):

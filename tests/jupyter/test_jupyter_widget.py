@@ -188,7 +188,7 @@ def test_report_escapes_user_strings_and_carries_the_mime(session):
     bundle = report_bundle(est)
     assert set(bundle) == {REPORT_MIME, "text/html", "text/plain"}
     assert bundle[REPORT_MIME]["gpu"] == "A100-SXM4-40GB"
-    schema = Path(__file__).resolve().parents[1] / "xmem_engine" / "data" / "report.schema.json"
+    schema = Path(__file__).resolve().parents[2] / "xmem_engine" / "data" / "report.schema.json"
     if schema.exists():
         jsonschema = pytest.importorskip("jsonschema")
         jsonschema.validate(bundle[REPORT_MIME], json.loads(schema.read_text()))
@@ -280,7 +280,7 @@ def test_one_palette_for_every_view(session):
 
     from xmem_jupyter.palette import CATEGORY_COLORS, palette
 
-    root = Path(__file__).resolve().parents[1] / "xmem_jupyter"
+    root = Path(__file__).resolve().parents[2] / "xmem_jupyter"
     for f in root.glob("*.py"):
         if f.name != "palette.py":
             assert not re.findall(r"#[0-9a-fA-F]{6}\b", f.read_text()), f.name

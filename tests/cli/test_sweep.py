@@ -24,7 +24,7 @@ from xmem_engine.cli import main
 from xmem_engine.estimate import estimate_script, max_batch
 from xmem_engine.sweep import Row, SweepInputError, make_grid, parse_set, plan, run_unit, sweep
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GPUS = ["RTX-4060-8GB", "T4"]
 BATCHES = ["3", "8", "4096", "16384"]  # 3: the script raises; 16384 fits neither GPU
 TINY = '''import torch

@@ -16,7 +16,7 @@ from xmem_engine.estimate import REPORT_MIME  # noqa: E402
 from xmem_jupyter.flame import human  # noqa: E402
 
 GPU = "RTX-4060-8GB"
-SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "xmem_engine" / "data" / "report.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "xmem_engine" / "data" / "report.schema.json").read_text())
 
 # eight repeated blocks whose activations do not fit an 8 GB card at batch 128
 DEEP = """
@@ -164,7 +164,7 @@ def test_lever_timelines_side_by_side_on_one_scale():
     from xmem_jupyter.advice import lever_timelines
     from xmem_jupyter.figures import amount
 
-    script = Path(__file__).resolve().parent / "advise_scripts" / "transformer.py"
+    script = Path(__file__).resolve().parents[1] / "advise_scripts" / "transformer.py"
     plain = advise(str(script), GPU, overrides={"batch_size": "2"})
     grid = lever_timelines(plain, ["activation checkpointing", "autocast bfloat16"], columns=3)
     assert [p.name for p in grid.panels] == ["as written", "autocast bfloat16", "activation checkpointing"]

@@ -313,7 +313,7 @@ def test_a_trace_re_simulated_for_another_gpu_has_that_gpu_s_reduction_buffers()
     from xmem_engine.tracing import trace_script
     from xmem_engine.tracing.kernels.cuda_temporaries import resized_by_sm
 
-    script = str(Path(__file__).resolve().parent / "advise_scripts" / "transformer.py")
+    script = str(Path(__file__).resolve().parents[1] / "advise_scripts" / "transformer.py")
     gpus = ["RTX-4060-8GB", "H100-SXM-80GB", "T4"]  # 24, 132 and 40 SMs
     traces = {g: trace_script(script, mode="fake", device=get_gpu(g).properties(), overrides={"batch_size": "2"})
               for g in gpus}

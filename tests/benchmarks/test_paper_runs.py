@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 from benchmarks.paper_runs import Result, compare, repeats, table
 

@@ -1,6 +1,6 @@
 """The fine-tuning demo notebook (``demo_notebooks/07_will_my_qlora_fit_on_a_t4.ipynb``) runs
 headless in the fine-tuning environment, and what its text claims is what it computes. The
-checks are ``tests/test_notebooks.py``'s, which runs the other notebooks in the test environment."""
+checks are ``tests/jupyter/test_notebooks.py``'s, which runs the other notebooks in the test environment."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RECORDING = REPO.parent / "shared" / "allocator-traces" / "wed_medium_128_inference.pickle"
 
 

@@ -12,7 +12,7 @@ import torch
 from xmem_engine.advisor import advise, repeated_blocks
 from xmem_engine.estimate import estimate_script
 
-SCRIPTS = Path(__file__).resolve().parent / "advise_scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "advise_scripts"
 GPU = "RTX-4060-8GB"
 
 
@@ -235,7 +235,7 @@ def test_the_cheapest_change_that_fits_is_accumulation_when_checkpointing_fits_t
     terms = {lv["lever"]: lv["cost_terms"] for lv in data["levers"]}
     assert terms["gradient accumulation x2"]["micro_steps"] == 2 and terms["activation checkpointing"]["extra_compute_pct"] == 33
     jsonschema = pytest.importorskip("jsonschema")
-    schema = json.loads((Path(__file__).resolve().parents[1] / "xmem_engine" / "data" / "report.schema.json").read_text())
+    schema = json.loads((Path(__file__).resolve().parents[2] / "xmem_engine" / "data" / "report.schema.json").read_text())
     jsonschema.validate(data, schema["properties"]["advice"])
 
 
@@ -244,7 +244,7 @@ def test_the_compile_lever_says_why_it_is_not_tried_where_inductor_cannot_compil
 
     reason = compile_unavailable()
     if reason is None:
-        pytest.skip("Inductor compiles here: tests/test_torch_compile.py measures the lever")
+        pytest.skip("Inductor compiles here: tests/tracing/test_torch_compile.py measures the lever")
     script = tmp_path / "train.py"
     script.write_text("import torch\nmodel = torch.nn.Linear(64, 64).cuda()\n"
                       "model(torch.randn(8, 64, device='cuda')).sum().backward()\n")

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 from benchmarks.compare_groundtruth import compare_record, first_divergence, table
 

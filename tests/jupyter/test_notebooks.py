@@ -16,12 +16,12 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def requirements(path: Path) -> list[str]:
     """The libraries a notebook needs beyond xmem's own (``metadata.xmem.requires``): the
-    fine-tuning notebook runs in the fine-tuning environment (``tests/test_finetune_notebook.py``)."""
+    fine-tuning notebook runs in the fine-tuning environment (``tests/finetune/test_finetune_notebook.py``)."""
     return nbformat.read(path, as_version=4).metadata.get("xmem", {}).get("requires", [])
 
 

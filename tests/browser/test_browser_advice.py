@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium, run_all_in_lab, write_notebook
-from test_jupyter_advice import DEEP
+from tests.jupyter_server import CHROMIUM, CHROMIUM_ARGS, jupyter_server, needs_chromium, run_all_in_lab, write_notebook
+from tests.jupyter.test_jupyter_advice import DEEP
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
 pytestmark = [pytest.mark.slow, needs_chromium]
 
-# a step that does not fit an 8 GB card (the one tests/test_jupyter_advice.py advises on)
+# a step that does not fit an 8 GB card (the one tests/jupyter/test_jupyter_advice.py advises on)
 CELLS = ["%load_ext xmem_jupyter", "%%xmem --gpu RTX-4060-8GB --batch-var batch" + DEEP]
 
 

@@ -1,6 +1,6 @@
 """Fake mode knows the values of small GPU tensors that come from the host (shadow_values.py),
 so code that branches on masks, ids or labels stays in fake mode and takes the branch a GPU
-takes; unknown values are guessed (guesses.py, tests/test_guesses.py)."""
+takes; unknown values are guessed (guesses.py, tests/tracing/test_guesses.py)."""
 
 from __future__ import annotations
 
