@@ -10,9 +10,8 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from xmem_engine.cli.common import (EXIT_MISMATCH, EXIT_OK, alloc_conf_arg, batch_value, print_json,
-                                    running_script, script_inputs, torch_version_arg)
-from xmem_engine.trace import MODES
+from xmem_engine.cli.common import (EXIT_MISMATCH, EXIT_OK, add_target_flags, add_trace_flags, alloc_conf_arg,
+                                    batch_value, print_json, running_script, script_inputs)
 
 
 def add_advise(sub) -> None:
@@ -25,17 +24,12 @@ def add_advise(sub) -> None:
         "Exit codes: 0 the step fits or a change makes it fit, 3 nothing measured does, 1 the script failed, "
         "2 bad input.")
     p.add_argument("script", help="a training script written for CUDA")
-    p.add_argument("--gpu", default=None, help="target GPU (see `xmem gpus`); default: $XMEM_GPU or A100-SXM4-40GB")
+    add_target_flags(p)
+    add_trace_flags(p)
     p.add_argument("--batch-var", metavar="VAR", help="the script's top-level batch-size variable: adds gradient "
                    "accumulation and a smaller batch")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="VAR=VALUE",
-                   help="override a top-level assignment of the script (repeatable)")
     p.add_argument("--alloc-conf", metavar="STR", default="",
                    help="the run's own PYTORCH_CUDA_ALLOC_CONF; allocator levers add to it")
-    p.add_argument("--mode", choices=MODES, default="auto")
-    p.add_argument("--iterations", type=int, metavar="N", help="trace at most N iterations of the training loop")
-    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=torch_version_arg,
-                   help="estimate for this PyTorch version on the GPU (default: the installed one)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_advise)
 

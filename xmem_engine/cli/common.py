@@ -255,3 +255,26 @@ def alloc_conf_arg(text: str | None):
         return require_native(parse_alloc_conf(text))
     except AllocConfError as e:
         raise InputError(f"--alloc-conf {text!r}: {e}") from None
+
+
+def add_target_flags(p: argparse.ArgumentParser) -> None:
+    """``--gpu`` and ``--set`` as ``estimate`` and ``advise`` take them: one GPU, one value each
+    (``xmem sweep`` takes lists of both)."""
+    p.add_argument("--gpu", default=None,
+                   help="target GPU (see `xmem gpus`); default: the first of $XMEM_GPU, else A100-SXM4-40GB")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="VAR=VALUE",
+                   help="override a top-level assignment of the script, e.g. --set batch_size=64 (repeatable)")
+
+
+def add_trace_flags(p: argparse.ArgumentParser) -> None:
+    """``--mode``, ``--iterations`` and ``--torch``: how a script is traced, the same for
+    ``estimate``, ``advise`` and ``sweep``."""
+    from xmem_engine.trace import MODES
+
+    p.add_argument("--mode", choices=MODES, default="auto",
+                   help="fake (no values: fast, little host memory), real (CPU tensors) or auto (fake, real "
+                   "where values decide; the default)")
+    p.add_argument("--iterations", type=int, metavar="N",
+                   help="trace only the first N training iterations (the peak is usually reached by the 2nd)")
+    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=torch_version_arg,
+                   help="estimate for this PyTorch version's CUDA behaviour (default: the installed one)")

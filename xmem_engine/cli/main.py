@@ -31,14 +31,13 @@ from xmem_engine.cli.common import (  # noqa: F401  (REPORT_HINT and the errors:
     XmemFailed,
     check_output,
     running_script,
-    xmem_failed,
     print_json,
-    torch_version_arg,
     script_inputs,
     batch_value,
     check_script,
-    from_user_code,
     alloc_conf_arg,
+    add_target_flags,
+    add_trace_flags,
 )
 from xmem_engine.trace import MODES
 
@@ -419,15 +418,9 @@ def _add_estimate(sub) -> None:
     )
     p.add_argument("script", help="a training script written for CUDA")
     p.set_defaults(script_args=[])  # the script's own arguments: whatever follows a bare -- (main)
-    p.add_argument("--gpu", default=None, help="target GPU (see `xmem gpus`); default: $XMEM_GPU or A100-SXM4-40GB")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="VAR=VALUE",
-                   help="override a top-level assignment of the script, e.g. --set batch_size=64 (repeatable)")
-    p.add_argument("--mode", choices=MODES, default="auto")
+    add_target_flags(p)
+    add_trace_flags(p)
     p.add_argument("--alloc-conf", metavar="STR", help="PYTORCH_CUDA_ALLOC_CONF for the GPU run")
-    p.add_argument("--iterations", type=int, metavar="N",
-                   help="trace only the first N training iterations (the peak is usually reached by the 2nd)")
-    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=torch_version_arg,
-                   help="estimate for this PyTorch version's CUDA behaviour (default: the installed one)")
     p.add_argument("--compile", choices=("inductor", "eager"), help="torch.compile: inductor (for the target GPU; needs "
                    "Triton) or eager (to see what compiling saves); default: $XMEM_COMPILE or inductor")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -495,7 +488,7 @@ def _cmd_estimate(args) -> int:
 
     # Everything the user gave is checked before the script runs.
     gpu, overrides = script_inputs(args)
-    alloc_conf_arg(args.alloc_conf)
+    cfg = alloc_conf_arg(args.alloc_conf)  # parsed and checked once; None: the environment's
     os.environ.update({"XMEM_COMPILE": args.compile} if args.compile else {})  # read by trace(compile=None)
     check_output(args.events, "--events", args.force, (args.script,))
     check_output(args.snapshot, "--snapshot", args.force, (args.script,))
@@ -511,7 +504,7 @@ def _cmd_estimate(args) -> int:
     worlds, every_rank = _world_args(args)
 
     def run(ov: dict[str, str]):
-        ests = [estimate_script(args.script, gpu, overrides=ov, mode=args.mode, alloc_conf=args.alloc_conf,
+        ests = [estimate_script(args.script, gpu, overrides=ov, mode=args.mode, alloc_conf=cfg,
                                 torch_version=args.torch_version, iterations=args.iterations, world=w,
                                 argv=args.script_args)
                 for w in worlds]

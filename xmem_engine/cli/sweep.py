@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from xmem_engine.cli.common import EXIT_OK, EXIT_USER_CODE, InputError, torch_version_arg
-from xmem_engine.trace import MODES
+from xmem_engine.cli.common import EXIT_OK, EXIT_USER_CODE, InputError, add_trace_flags
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a command stopped by Ctrl-C (128 + SIGINT)
 
@@ -59,13 +58,10 @@ def add_sweep(sub) -> None:
     p.add_argument("--address", metavar="ADDR",
                    help="ray engine: the cluster (auto, ray://host:10001, host:6379); default: Ray's own "
                    "($RAY_ADDRESS, else a cluster running here, else a new local one)")
-    p.add_argument("--mode", choices=MODES, default="auto")
     p.add_argument("--world-size", dest="world_sizes", metavar="N[,N...]",
                    help="scripts written for torchrun: estimate rank 0 of each of these world sizes (re-traced "
                    "per size)")
-    p.add_argument("--iterations", type=int, metavar="N", help="trace at most N iterations of the training loop")
-    p.add_argument("--torch", dest="torch_version", metavar="VERSION", type=torch_version_arg,
-                   help="estimate for this PyTorch version on the GPU (default: the installed one)")
+    add_trace_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_sweep)
 
