@@ -175,7 +175,8 @@ def _b(x: str) -> bool | None:
 
 
 def run_row(row: dict) -> Result:
-    from xmem_engine.estimate import estimate, minimum_memory
+    from xmem_engine.estimate import estimate
+    from xmem_engine.resimulation import minimum_memory
 
     t0 = time.perf_counter()
     err, est = "", None

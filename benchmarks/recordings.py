@@ -174,10 +174,10 @@ def _region_peaks(est) -> tuple[int, int]:
     """Peak allocated and reserved bytes over the recorded region, as
     ``torch.cuda.max_memory_allocated()`` read at its end would say: the estimate's own peak
     covers the whole script (earlier runs of a loop included)."""
-    from xmem_engine.estimate import _replay_inputs
+    from xmem_engine.resimulation import replay_inputs
     from xmem_engine.simulation.simulate import simulate
 
-    events, config = _replay_inputs(est, None)
+    events, config = replay_inputs(est, None)
     sim = simulate(events, config)
     start = _region_start(events)
     k = bisect.bisect_left(sim.timeline_event, start)

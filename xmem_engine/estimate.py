@@ -287,7 +287,7 @@ def allocator_limit(gpu: GPU, outside_allocator_bytes: int) -> int:
     return max(0, gpu.total_memory_bytes - gpu.context_bytes - outside_allocator_bytes)
 
 
-def _config(alloc_conf: str | AllocatorConfig | None) -> AllocatorConfig:
+def allocator_config(alloc_conf: str | AllocatorConfig | None) -> AllocatorConfig:
     """The allocator settings, checked before any tracing: xmem simulates the native allocator."""
     if isinstance(alloc_conf, AllocatorConfig):
         cfg = alloc_conf
@@ -334,7 +334,7 @@ def estimate(
     from xmem_engine.tracing import trace
 
     target = resolve_gpu(gpu)
-    cfg = _config(alloc_conf)
+    cfg = allocator_config(alloc_conf)
     _check_target_torch(torch_version)
     t0 = time.perf_counter()
     tr = trace(code, namespace, mode=mode, device=target.properties(), filename=filename,
@@ -360,7 +360,7 @@ def estimate_script(
     from xmem_engine.tracing import trace_script
 
     target = resolve_gpu(gpu)
-    cfg = _config(alloc_conf)
+    cfg = allocator_config(alloc_conf)
     _check_target_torch(torch_version)
     t0 = time.perf_counter()
     tr = trace_script(path, mode=mode, overrides=overrides, device=target.properties(),
@@ -386,7 +386,7 @@ def estimate_trace(
 
     t0 = time.perf_counter()
     target = resolve_gpu(gpu)
-    cfg = _config(alloc_conf)
+    cfg = allocator_config(alloc_conf)
     _check_target_torch(torch_version)
     version = torch_version or torch.__version__.split("+")[0]
     resized = resized_by_sm(tr, target.sm_count, *target.compute_capability)  # reduction buffers, per GPU
@@ -572,59 +572,3 @@ def _timeline(sim: SimulationResult, events) -> Timeline:
             last = e.phase
     return Timeline(list(sim.timeline_event), list(sim.timeline_allocated), list(sim.timeline_reserved),
                     phases, list(sim.iterations))
-
-
-def _replay_inputs(est: Estimate, alloc_conf: str | AllocatorConfig | None) -> tuple[list, AllocatorConfig]:
-    """What re-simulating ``est`` needs: its trace as run on its GPU, and the allocator
-    settings (``alloc_conf``, else the estimate's own)."""
-    if est.simulated_events is None:
-        raise ValueError("this estimate carries no trace to re-simulate")
-    return est.simulated_events, _config(alloc_conf if alloc_conf is not None else est.alloc_conf)
-
-
-SEGMENT_GRANULE = 2 << 20  # cudaMalloc sizes the allocator asks for are multiples of 2 MiB
-
-
-def minimum_memory(est: Estimate, alloc_conf: str | AllocatorConfig | None = None) -> int:
-    """The least device memory the step runs in: context, libraries, and the smallest
-    allocator limit under which the simulated run completes.
-
-    The natural peak (``peak_device_bytes``) is what nvidia-smi shows when memory is plenty:
-    it includes cached blocks the step never needed at once. On a device (or under
-    ``set_per_process_memory_fraction``) with less, the caching allocator frees its cached
-    segments and retries when cudaMalloc fails, so the step can still run. This bisects the
-    limit, in 2 MiB steps, between the allocated peak and the reserved peak: about
-    log2((reserved - allocated) / 2 MiB) re-simulations. What a scheduler can pack to; it
-    leaves nothing for run-to-run variation.
-    """
-    events, cfg = _replay_inputs(est, alloc_conf)
-
-    def runs(limit: int) -> bool:
-        return not simulate(events, allocator=CachingAllocator(
-            cfg, capacity=limit, device_total=est.capacity_bytes)).oom
-
-    granule = SEGMENT_GRANULE
-    lo = est.peak_allocated_bytes // granule  # in granules: at most lo does not run...
-    hi = -(-est.peak_reserved_bytes // granule)  # ...and hi does (the unlimited run's peak)
-    if lo >= hi or runs(lo * granule):
-        hi = lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if runs(mid * granule):
-            hi = mid
-        else:
-            lo = mid
-    return est.context_bytes + est.outside_allocator_bytes + hi * granule
-
-
-def simulated_snapshot(est: Estimate, alloc_conf: str | AllocatorConfig | None = None) -> dict:
-    """The estimate's simulated run as a ``torch.cuda.memory._snapshot()`` dict (for
-    ``python -m torch.cuda._memory_viz`` or pytorch.org/memory_viz)."""
-    from xmem_engine.simulation.snapshot import make_snapshot
-
-    events, cfg = _replay_inputs(est, alloc_conf)
-    history: list[dict] = []
-    alloc = CachingAllocator(cfg, capacity=est.allocator_limit_bytes, device_total=est.capacity_bytes,
-                             history=history)
-    simulate(events, allocator=alloc)
-    return make_snapshot(alloc, history)

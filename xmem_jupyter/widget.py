@@ -33,7 +33,8 @@ import ipywidgets as widgets
 from jupyter_bokeh import BokehModel
 
 from xmem_engine.advisor import Advice
-from xmem_engine.estimate import REPORT_MIME, Estimate, minimum_memory
+from xmem_engine.estimate import REPORT_MIME, Estimate
+from xmem_engine.resimulation import minimum_memory
 from xmem_engine.gpus import cudnn, load_catalog
 
 from xmem_jupyter.advice import advice_html, advise_cell, measured

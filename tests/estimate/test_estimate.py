@@ -178,7 +178,7 @@ def test_minimum_memory_is_the_least_limit_the_simulated_run_completes_in():
     from xmem_engine.simulation.alloc_conf import AllocatorConfig
     from xmem_engine.simulation.allocator import CachingAllocator
     from xmem_engine.gpus.cuda_libraries import adapt_trace
-    from xmem_engine.estimate import SEGMENT_GRANULE, minimum_memory
+    from xmem_engine.resimulation import SEGMENT_GRANULE, minimum_memory
     from xmem_engine.gpus import get_gpu
     from xmem_engine.simulation.simulate import simulate
 
@@ -196,7 +196,7 @@ def test_minimum_memory_is_the_least_limit_the_simulated_run_completes_in():
 
 
 def test_minimum_memory_of_a_training_step_lies_between_its_allocated_and_natural_peaks(mlp_estimate):
-    from xmem_engine.estimate import minimum_memory
+    from xmem_engine.resimulation import minimum_memory
 
     least = minimum_memory(mlp_estimate)
     extra = mlp_estimate.context_bytes + mlp_estimate.outside_allocator_bytes

@@ -525,7 +525,7 @@ def _cmd_estimate(args) -> int:
                 est = run(overrides)
 
     if args.min_memory and est is not None and est.trace is not None:
-        from xmem_engine.estimate import minimum_memory
+        from xmem_engine.resimulation import minimum_memory
 
         est.min_device_bytes = minimum_memory(est)
     writing = f"--events {args.events}"
@@ -534,7 +534,7 @@ def _cmd_estimate(args) -> int:
             est.trace.write_jsonl(args.events)
         writing = f"--snapshot {args.snapshot}"
         if args.snapshot:
-            from xmem_engine.estimate import simulated_snapshot
+            from xmem_engine.resimulation import simulated_snapshot
             from xmem_engine.simulation.snapshot import dump_snapshot
 
             dump_snapshot(simulated_snapshot(est), args.snapshot)
