@@ -9,7 +9,7 @@ import pytest
 for _lib in ("nbformat", "nbclient", "ipykernel", "bitsandbytes", "peft", "transformers"):
     pytest.importorskip(_lib)
 
-from tests.test_notebooks import ROOT, _run, check_notebook, requirements  # noqa: E402
+from tests.jupyter.test_notebooks import ROOT, _run, check_notebook, requirements  # noqa: E402
 
 NOTEBOOKS = [p for p in sorted((ROOT / "demo_notebooks").glob("*.ipynb")) if requirements(p)]
 

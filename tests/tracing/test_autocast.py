@@ -10,7 +10,7 @@ import torch
 
 from xmem_engine.tracing.kernels import autocast_policy as ap
 from xmem_engine.tracing import UnsupportedOpError, trace
-from tests.test_shadow_values import alloc_stream
+from tests.tracing.test_shadow_values import alloc_stream
 
 MODES = ["fake", "real"]
 

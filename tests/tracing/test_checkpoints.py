@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_shadow_values import alloc_stream
+from tests.tracing.test_shadow_values import alloc_stream
 from xmem_engine.tracing import trace
 
 SAVE_LOAD = """

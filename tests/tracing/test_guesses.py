@@ -9,7 +9,7 @@ import sysconfig
 import pytest
 import torch
 
-from tests.test_shadow_values import alloc_stream
+from tests.tracing.test_shadow_values import alloc_stream
 from xmem_engine.estimate import estimate
 from xmem_engine.tracing import UnsupportedOpError, trace
 from xmem_engine.tracing.fake import guesses

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_shadow_values import alloc_stream
+from tests.tracing.test_shadow_values import alloc_stream
 from xmem_engine.tracing import trace
 
 PACKED = """
