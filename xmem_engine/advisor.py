@@ -478,7 +478,7 @@ def advise(path: str, gpu: str | GPU, *, batch_var: str | None = None, overrides
            mode: str = "auto", alloc_conf: str = "", torch_version: str | None = None,
            iterations: int | None = None, progress: Callable[[str], None] | None = None) -> Advice:
     """Measure every lever on the script at ``path`` for ``gpu``; see the module docstring."""
-    from xmem_engine.overrides import top_level_value
+    from xmem_engine.overrides import OverrideError, positive_int_value
     from xmem_engine.tracing import trace_script
 
     target = resolve_gpu(gpu)
@@ -489,9 +489,12 @@ def advise(path: str, gpu: str | GPU, *, batch_var: str | None = None, overrides
         batch_var = batch_var_in(Path(path).read_text(encoding="utf-8"), overrides)
         inferred = batch_var is not None
     if batch_var:
-        batch = int(overrides[batch_var]) if batch_var in overrides else top_level_value(path, batch_var)
-        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-            raise ValueError(f"--batch-var {batch_var}: the script assigns it {batch!r}; a positive integer is needed")
+        try:
+            batch = int(overrides[batch_var]) if batch_var in overrides else positive_int_value(path, batch_var)
+        except OverrideError as e:  # the one check --max-batch and sweeps make too
+            raise ValueError(f"--batch-var {batch_var}: {e}") from None
+        if batch < 1:
+            raise ValueError(f"--batch-var {batch_var}: --set gives it {batch}; a positive integer is needed")
 
     def run(patches: list[Lever], value: int | None, conf: str) -> tuple[Estimate, dict]:
         ov = overrides if value is None else {**overrides, str(batch_var): str(value)}

@@ -120,7 +120,7 @@ def test_cli_exit_codes(script, tmp_path, capsys):
 def test_python_dash_m_entry_point(script, tmp_path):
     out = tmp_path / "events.jsonl"
     proc = subprocess.run([sys.executable, "-m", "xmem_engine", "trace", str(script), "--events", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
     assert proc.returncode == 0, proc.stderr
     assert "mode fake" in proc.stdout and out.stat().st_size > 0
 
