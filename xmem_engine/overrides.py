@@ -7,7 +7,8 @@ path and line numbers, so tracebacks point at the user's lines.
 
 One grammar for everything that runs a script with overrides: ``xmem estimate --set``, the
 tracer (``tracing/script.py``), the widget's batch slider (:func:`rewrite_source`, on the
-cell's text) and the GPU recordings of ``benchmarks/`` (so a recorded run and its estimate apply the same change). It needs no torch.
+cell's text) and the GPU recordings of ``benchmarks/`` (so a recorded run and its estimate
+apply the same change). It needs no torch.
 """
 
 from __future__ import annotations
@@ -69,19 +70,26 @@ def _is_main_guard(test: ast.expr) -> bool:
     )
 
 
-def apply_overrides(tree: ast.Module, overrides: dict[str, str], filename: str) -> ast.Module:
-    """Replace the value of every top-level assignment to each overridden name."""
-    found: set[str] = set()
+def _overridden(tree: ast.Module, overrides: dict[str, str], filename: str) -> list[tuple[Any, str]]:
+    """The top-level assignments (statement, name) that ``overrides`` change: the ones
+    :func:`apply_overrides` and :func:`rewrite_source` both rewrite."""
+    out = []
     for stmt in _top_level_statements(tree):
-        names = _assigned_names(stmt)
-        for name in names:
+        for name in _assigned_names(stmt):
             if name in overrides:
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) > 1:
                     raise OverrideError(f"{filename}:{stmt.lineno}: cannot override {name!r} in a chained assignment")
-                node = _value_node(overrides[name])
-                stmt.value = ast.copy_location(node, stmt.value)  # type: ignore[union-attr]
-                ast.fix_missing_locations(stmt)
-                found.add(name)
+                out.append((stmt, name))
+    return out
+
+
+def apply_overrides(tree: ast.Module, overrides: dict[str, str], filename: str) -> ast.Module:
+    """Replace the value of every top-level assignment to each overridden name."""
+    found: set[str] = set()
+    for stmt, name in _overridden(tree, overrides, filename):
+        stmt.value = ast.copy_location(_value_node(overrides[name]), stmt.value)
+        ast.fix_missing_locations(stmt)
+        found.add(name)
     missing = sorted(set(overrides) - found)
     if missing:
         raise OverrideError(f"{filename} has no top-level assignment to {', '.join(missing)} (for --set)")
@@ -94,24 +102,16 @@ def rewrite_source(source: str, overrides: dict[str, str], filename: str = "<cel
     keeps its number and text, so tracebacks and the flame chart's source lines stay right
     and show the value that ran. Returns the text and the names it found (a cell that does
     not assign the batch variable takes it from its namespace instead)."""
-    tree = ast.parse(source, filename=filename)
-    edits: list[tuple[ast.expr, str]] = []
-    found: set[str] = set()
-    for stmt in _top_level_statements(tree):
-        for name in _assigned_names(stmt):
-            if name in overrides:
-                if isinstance(stmt, ast.Assign) and len(stmt.targets) > 1:
-                    raise OverrideError(f"{filename}:{stmt.lineno}: cannot override {name!r} in a chained assignment")
-                edits.append((stmt.value, ast.unparse(_value_node(overrides[name]))))  # type: ignore[arg-type]
-                found.add(name)
+    targets = _overridden(ast.parse(source, filename=filename), overrides, filename)
     lines = source.splitlines(True)
-    for value, text in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
-        first, last = value.lineno - 1, value.end_lineno - 1  # type: ignore[operator]
+    for stmt, name in sorted(targets, key=lambda t: (t[0].value.lineno, t[0].value.col_offset), reverse=True):
+        value, text = stmt.value, ast.unparse(_value_node(overrides[name]))
+        first, last = value.lineno - 1, value.end_lineno - 1
         head = lines[first][:_col(lines[first], value.col_offset)]
-        tail = lines[last][_col(lines[last], value.end_col_offset):]  # type: ignore[arg-type]
+        tail = lines[last][_col(lines[last], value.end_col_offset):]
         # keep the line count: the value's other lines (if it spans several) become blank
         lines[first:last + 1] = [head + text + tail] + ["\n"] * (last - first)
-    return "".join(lines), found
+    return "".join(lines), {name for _, name in targets}
 
 
 def _col(line: str, byte_offset: int) -> int:

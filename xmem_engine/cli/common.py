@@ -203,7 +203,7 @@ def torch_version_arg(text: str) -> str:
 def script_inputs(args) -> tuple:
     """The script, GPU, ``--set`` and ``--iterations`` of ``estimate`` / ``advise``, checked."""
     from xmem_engine.estimate import resolve_gpu
-    from xmem_engine.inputs import ENV_GPU, default_gpus, env_gpus
+    from xmem_engine.inputs import DEFAULT_GPU, ENV_GPU, env_gpus
     from xmem_engine.gpus import GPUCatalogError, UnknownGPUError
     from xmem_engine.gpus.cudnn import WorkspaceTableError, check_setting
     from xmem_engine.overrides import OverrideError, parse_overrides
@@ -211,11 +211,11 @@ def script_inputs(args) -> tuple:
     check_script(args.script)
     if args.gpu is not None and not args.gpu.strip():
         raise InputError("--gpu: empty GPU name; `xmem gpus` lists the names")
-    from_env = args.gpu is None and bool(env_gpus())
+    listed = env_gpus() if args.gpu is None else []
     try:  # XMEM_GPU may list several (for sweeps and %%xmem): one estimate is for the first
-        gpu = resolve_gpu(args.gpu or default_gpus()[0])
+        gpu = resolve_gpu(args.gpu or (listed[0] if listed else DEFAULT_GPU))
     except UnknownGPUError as e:  # name the variable: the user may not know it is set
-        raise InputError(f"{ENV_GPU}: {e}" if from_env else str(e)) from None
+        raise InputError(f"{ENV_GPU}: {e}" if listed else str(e)) from None
     except GPUCatalogError as e:
         raise InputError(str(e)) from None
     try:

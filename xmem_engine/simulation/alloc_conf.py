@@ -8,7 +8,6 @@ is lexed into tokens split at ``,`` ``:`` ``[`` ``]`` (spaces dropped), then rea
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 MB = 1024 * 1024

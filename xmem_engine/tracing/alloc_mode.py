@@ -387,4 +387,5 @@ def _fake_reason(e: BaseException) -> str:
         return "it reads tensor values"
     return f"fake tensors do not support it ({name})"
 
+
 register("host output", HOST_OUTPUTS, __name__)

@@ -30,6 +30,7 @@ KINDS: dict[str, str] = {
                       "mask, einsum's lowering, values read from fake tensors)",
 }
 
+
 @dataclass(frozen=True)
 class Rule:
     """One op's rule: the op (``aten._softmax.default``, ``torch.nn.functional.dropout``), its
@@ -50,10 +51,10 @@ def op_label(op: Any) -> str:
         if "::" in op:
             return op.replace("::", ".", 1)
         return op if op.split(".")[0] in ("aten", "prims", "torch", "bitsandbytes") else f"aten.{op}"
-    name = getattr(op, "__qualname__", None) or getattr(op, "__name__", None)
-    module = getattr(op, "__module__", None)
     if hasattr(op, "_schema"):  # an OpOverload
         return str(op)
+    name = getattr(op, "__qualname__", None) or getattr(op, "__name__", None)
+    module = getattr(op, "__module__", None)
     if name and module:
         return f"{'torch' if module.startswith('torch._C') else module}.{name}"
     return str(op)

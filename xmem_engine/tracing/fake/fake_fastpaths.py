@@ -406,4 +406,5 @@ FAST_FAKE.update({op: _computer(op) for op in map(aten_op, _COMPUTE) if op is no
 FAST_FAKE.update({op: _pointwise(op) for op in map(aten_op, _POINTWISE) if op is not None})
 FAST_FAKE.update({op: _pointwise(op, boolean=True) for op in map(aten_op, _COMPARISONS) if op is not None})
 
+
 register("fake fast path", FAST_FAKE, __name__)

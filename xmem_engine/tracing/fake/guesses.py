@@ -635,6 +635,7 @@ BOUNDS: dict[str, Callable[[tuple, dict], tuple[Any, str]]] = {
 # data directly): their rule runs before it, not after it fails.
 BEFORE_FAKE = frozenset({torch.ops.aten._pack_padded_sequence.default})
 
+
 register("guessed value", ONES_REDUCTIONS, __name__)
 register("guessed value", UNEQUAL, __name__)
 register("size bound", BOUNDS, __name__)

@@ -61,4 +61,5 @@ def out_variant_metas() -> Iterator[list[str]]:
         if lib is not None:
             lib._destroy()
 
+
 register("meta kernel", OUT_OVERLOADS, __name__)

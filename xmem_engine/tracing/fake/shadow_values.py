@@ -267,4 +267,5 @@ class Shadows:
                 if old is not None and self.on_forget is not None:
                     self.on_forget(t, old)
 
+
 register("known value", _SHADOW_KERNELS, __name__)

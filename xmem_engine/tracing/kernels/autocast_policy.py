@@ -388,4 +388,5 @@ __all__ = [
     "unknown_cuda_ops",
 ]
 
+
 register("autocast", POLICY, __name__)

@@ -68,4 +68,5 @@ def record(tracer: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         if torch.backends.cudnn.benchmark:
             tracer.cudnn_benchmark = True
 
+
 register("cudnn convolution", OPS, __name__)

@@ -139,4 +139,5 @@ def _sole_owner_of_storage(t: torch.Tensor) -> bool:
     reference plus the handle asked here."""
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2
 
+
 register("in-place backward", SCATTERS, __name__)

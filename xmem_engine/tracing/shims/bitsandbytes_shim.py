@@ -338,4 +338,5 @@ def bitsandbytes_on_gpu(tracer: Any) -> Iterator[None]:
         stack.enter_context(on_import(["bitsandbytes"], lambda module: install(stack, tracer)))
         yield
 
+
 register("cuda composite", CUDA_COMPOSITES, __name__)
