@@ -25,62 +25,15 @@ whole numbers, or would be negative, at some ``b`` end the family there (``trace
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from xmem_engine.affine import NotAffine, OutOfRange as _Negative, evaluate as _eval, fit as _fit, varies as _has_linear
 from xmem_engine.trace import Trace, TraceEvent
 
 #: meta entries that describe the run, not the requests (not fitted, not compared)
 VOLATILE_META = frozenset({"seconds", "notes", "guesses", "overrides", "script", "argv", "fallback"})
-_NUMBER = re.compile(r"(\d+)")
 _EVENT_FIELDS = tuple(f.name for f in fields(TraceEvent))
-
-
-class NotAffine(ValueError):
-    """Two traces that no affine function of the batch size joins."""
-
-
-def _fit(a: Any, b: Any, db: int, path: str) -> Any:
-    """A template of ``a`` and ``b``: equal parts as they are, differing integers as (value at
-    b0, slope), strings as their number tokens fitted in turn."""
-    if type(a) is not type(b):
-        raise NotAffine(f"{path}: {type(a).__name__} vs {type(b).__name__}")
-    if type(a) is int:
-        if a == b:
-            return a
-        if (b - a) % db:
-            raise NotAffine(f"{path}: {a} -> {b} is not a whole step per batch element")
-        return _Linear(a, (b - a) // db)
-    if isinstance(a, str):
-        if a == b:
-            return a
-        pa, pb = _NUMBER.split(a), _NUMBER.split(b)
-        if len(pa) != len(pb) or any(x != y for x, y in zip(pa[::2], pb[::2])):
-            raise NotAffine(f"{path}: {a[:60]!r} vs {b[:60]!r}")
-        return _Text([x if i % 2 == 0 else _fit(int(x), int(y), db, path) for i, (x, y) in enumerate(zip(pa, pb))])
-    if isinstance(a, (list, tuple)):
-        if len(a) != len(b):
-            raise NotAffine(f"{path}: {len(a)} vs {len(b)} items")
-        return type(a)(_fit(x, y, db, f"{path}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
-    if isinstance(a, dict):
-        if a.keys() != b.keys():
-            raise NotAffine(f"{path}: keys differ")
-        return {k: _fit(a[k], b[k], db, f"{path}.{k}") for k in a}
-    if a != b:
-        raise NotAffine(f"{path}: {a!r} vs {b!r}")
-    return a
-
-
-@dataclass(frozen=True)
-class _Linear:
-    at_b0: int
-    slope: int
-
-
-@dataclass(frozen=True)
-class _Text:
-    parts: list
 
 
 @dataclass(frozen=True)
@@ -103,36 +56,6 @@ def _numel(shape) -> int:
     for d in shape or ():
         n *= d
     return n
-
-
-class _Negative(Exception):
-    pass
-
-
-def _eval(t: Any, k: int) -> Any:
-    """The template at ``k = b - b0``."""
-    if isinstance(t, _Linear):
-        v = t.at_b0 + t.slope * k
-        if v < 0:
-            raise _Negative
-        return v
-    if isinstance(t, _Text):
-        return "".join(p if isinstance(p, str) else str(_eval(p, k)) for p in t.parts)
-    if isinstance(t, (list, tuple)):
-        return type(t)(_eval(x, k) for x in t)
-    if isinstance(t, dict):
-        return {key: _eval(v, k) for key, v in t.items()}
-    return t
-
-
-def _has_linear(t: Any) -> bool:
-    if isinstance(t, (_Linear, _Text)):
-        return True
-    if isinstance(t, (list, tuple)):
-        return any(_has_linear(x) for x in t)
-    if isinstance(t, dict):
-        return any(_has_linear(v) for v in t.values())
-    return False
 
 
 def _event_row(e: TraceEvent) -> tuple:
