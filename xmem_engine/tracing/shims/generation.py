@@ -21,21 +21,29 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from typing import Any, Callable
 
 import torch
 
 from xmem_engine.tracing.patches import on_import, patched_attr
+from xmem_engine.tracing.shims import decode_replay
 
 #: the module that holds ``GenerationMixin`` (transformers 4.4x to 5.x)
 GENERATION_MODULE = "transformers.generation.utils"
 
 
-def _to_the_end(is_early_stop_heuristic_unsatisfied: Any, is_sent_finished: Any,
-                next_token_hits_stopping_criteria: torch.Tensor, early_stopping: Any = None) -> torch.Tensor:
+def _to_the_end(has_unfinished: Callable[..., Any]) -> Callable[..., torch.Tensor]:
     """``GenerationMixin._beam_search_has_unfinished_sequences`` without the parts decided by
-    guessed scores and tokens: only the stopping criteria end the search."""
-    return ~torch.all(next_token_hits_stopping_criteria)
+    guessed scores and tokens: only the stopping criteria end the search. Its arguments are
+    taken by name (transformers 4.5x passes nine, 5.x three or four)."""
+    signature = inspect.signature(has_unfinished)
+
+    def unfinished(*args: Any, **kwargs: Any) -> torch.Tensor:
+        hits = signature.bind(*args, **kwargs).arguments["next_token_hits_stopping_criteria"]
+        return ~torch.all(hits)
+
+    return unfinished
 
 
 def whole_rows(t: Any, width: int) -> Any:
@@ -75,16 +83,84 @@ def uncropped(beam_search: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+class _Replays:
+    """The decode steps made from their pattern in this trace, over all ``generate()`` calls
+    (``decode_replay.py``), told in one note."""
+
+    def __init__(self, tracer: Any):
+        self.tracer = tracer
+        self.active: dict[int, decode_replay.DecodeReplay] = {}  # id(model) -> its generate()'s wrapper
+        self.made = self.calls = 0
+        self.diverged: list[str] = []
+        self.note_at: int | None = None
+
+    def generate(self, generate: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(generate)
+        def run(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if id(model) in self.active or not decode_replay.enabled():
+                return generate(model, *args, **kwargs)
+            with decode_replay.wrapped_forward(self.tracer, model) as replay:
+                self.active[id(model)] = replay
+                try:
+                    return generate(model, *args, **kwargs)
+                finally:
+                    del self.active[id(model)]
+                    self._tell(replay)
+
+        return run
+
+    def compile_criteria(self, criteria: Callable[..., Any]) -> Callable[..., Any]:
+        """``generate`` compiles its decode step itself (a static cache): the compiler must
+        see the model's own ``forward``, so the wrapper steps aside."""
+
+        @functools.wraps(criteria)
+        def run(model: Any, *args: Any, **kwargs: Any) -> Any:
+            ok = criteria(model, *args, **kwargs)
+            if ok and id(model) in self.active:
+                self.active[id(model)].set_aside()
+            return ok
+
+        return run
+
+    def _tell(self, replay: decode_replay.DecodeReplay) -> None:
+        self.made += replay.made
+        self.calls += replay.calls
+        self.diverged += replay.diverged
+        if not self.made and not self.diverged:
+            return
+        note = (f"generate(): {self.made:,} of {self.calls:,} calls of the model were made from the pattern of "
+                f"the calls before them, not run (each request's size a straight line in the call's number; "
+                f"real calls at intervals checked it")
+        if self.diverged:
+            note += (f", and one did not match: the calls made before it (numbers {', '.join(self.diverged)} of "
+                     f"their generate()) may differ from a real run's")
+        note += f"). {decode_replay.ENV}=0 runs every call"
+        notes = self.tracer.notes
+        if self.note_at is None or self.note_at >= len(notes):
+            self.note_at = len(notes)
+            notes.append(note)
+        else:
+            notes[self.note_at] = note
+
+
 def beam_search_to_the_end(tracer: Any, stack: contextlib.ExitStack) -> contextlib.AbstractContextManager:
     """While the trace lasts, in fake mode: beam search runs to ``max_new_tokens`` (module
-    docstring). transformers is patched when the traced code imports it, and put back after."""
+    docstring), and decode steps are made from their pattern (``decode_replay.py``).
+    transformers is patched when the traced code imports it, and put back after."""
 
     def patch(module: Any) -> None:
         mixin = getattr(module, "GenerationMixin", None)
-        if tracer.fake and mixin is not None and hasattr(mixin, "_beam_search_has_unfinished_sequences"):
+        if not tracer.fake or mixin is None:
+            return
+        if hasattr(mixin, "_beam_search_has_unfinished_sequences"):
             stack.enter_context(patched_attr(mixin, "_beam_search_has_unfinished_sequences",
-                                             staticmethod(_to_the_end)))
+                                             staticmethod(_to_the_end(mixin._beam_search_has_unfinished_sequences))))
             if hasattr(mixin, "_beam_search"):
                 stack.enter_context(patched_attr(mixin, "_beam_search", uncropped(mixin._beam_search)))
+        replays = _Replays(tracer)
+        stack.enter_context(patched_attr(mixin, "generate", replays.generate(mixin.generate)))
+        if hasattr(mixin, "_valid_auto_compile_criteria"):
+            stack.enter_context(patched_attr(mixin, "_valid_auto_compile_criteria",
+                                             replays.compile_criteria(mixin._valid_auto_compile_criteria)))
 
     return on_import([GENERATION_MODULE], patch)

@@ -1,0 +1,142 @@
+"""generate()'s decode steps made from their pattern (tracing/shims/decode_replay.py): the
+trace must be the one every step run for real makes, event for event (ids, sizes, order, the
+records beside the events), for each way generate() runs."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from xmem_engine.tracing import trace  # noqa: E402
+from xmem_engine.tracing.shims import decode_replay  # noqa: E402
+
+LLAMA = """
+import torch
+from transformers import LlamaConfig, AutoModelForCausalLM
+cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=384)
+model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
+ids = torch.randint(3, 384, (3, 10), device="cuda")
+with torch.no_grad():
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW,
+                         min_new_tokens=0, pad_token_id=0, eos_token_id=2, KW)
+"""
+
+FIELDS = ("kind", "id", "bytes", "stream", "category", "op", "module", "phase", "dtype", "shape", "source",
+          "iteration")
+
+
+def _rows(tr) -> list[tuple]:
+    return [tuple(str(getattr(e, f)) for f in FIELDS) for e in tr.events]
+
+
+def _made(tr) -> int:
+    notes = [n for n in tr.meta.get("notes", []) if n.startswith("generate(): ")]
+    return int(notes[0].split()[1].replace(",", "")) if notes else 0
+
+
+def _both(monkeypatch, source: str):
+    """The trace with decode steps made, and with every step run."""
+    traces = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv(decode_replay.ENV, flag)
+        tr = trace(source, {}, mode="fake")
+        assert tr.mode == "fake"
+        traces.append(tr)
+    return traces
+
+
+def _assert_same(made, real) -> None:
+    a, b = _rows(made), _rows(real)
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    assert first is None and len(a) == len(b), (first, a[first] if first is not None else None,
+                                                b[first] if first is not None else None, len(a), len(b))
+    for key in ("by_sm", "gemm_into", "sdpa_calls", "conv_calls"):
+        assert made.meta.get(key) == real.meta.get(key), key
+
+
+@pytest.mark.parametrize("kw", [
+    "do_sample=False",
+    "do_sample=True, top_k=50, top_p=0.9, temperature=0.7",
+    "do_sample=False, return_dict_in_generate=True, output_scores=True, output_logits=True",
+    "num_beams=3, do_sample=False",
+])
+def test_made_steps_are_the_real_steps(monkeypatch, kw):
+    made, real = _both(monkeypatch, LLAMA.replace("NEW", "60").replace("KW", kw))
+    _assert_same(made, real)
+    assert _made(made) >= 20 and _made(real) == 0  # 60 steps: 18 fit it, then checks at +5, +9, +17, +33
+    assert not any("did not match" in n for n in made.meta["notes"])
+
+
+def test_a_sliding_window_filling_up_runs_for_real_around_it(monkeypatch):
+    """A sliding-window layer keeps a slice of its keys once the window is full: a change of
+    course at a count the cache holds (its window), so the steps near it run for real."""
+    src = """
+import torch
+from transformers import MistralConfig, AutoModelForCausalLM
+cfg = MistralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=384, sliding_window=24)
+model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
+ids = torch.randint(3, 384, (2, 6), device="cuda")
+with torch.no_grad():
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=48,
+                         min_new_tokens=0, pad_token_id=0, eos_token_id=2, do_sample=False)
+"""
+    made, real = _both(monkeypatch, src)
+    _assert_same(made, real)
+    assert not any("did not match" in n for n in made.meta["notes"])
+
+
+def test_encoder_decoder(monkeypatch):
+    src = """
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
+cfg = T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, decoder_start_token_id=0)
+model = T5ForConditionalGeneration(cfg).cuda().eval()
+ids = torch.randint(3, 256, (2, 12), device="cuda")
+with torch.no_grad():
+    out = model.generate(input_ids=ids, max_new_tokens=96, min_new_tokens=0, eos_token_id=1, do_sample=False)
+"""
+    made, real = _both(monkeypatch, src)
+    _assert_same(made, real)
+    assert _made(made) >= 20  # its position bias padded to a multiple of 16: sixteen lines
+
+
+def test_a_change_of_course_the_pattern_cannot_see_is_found_at_the_next_real_step(monkeypatch):
+    """A model that allocates one more buffer a step from token 20 on: the steps made before the
+    next real one miss it (the note says which), and from that real step on every step runs
+    for real (or from a new pattern) again."""
+    src = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+class Odd(LlamaForCausalLM):
+    def forward(self, *args, **kwargs):
+        if kwargs["attention_mask"].shape[1] >= 30:
+            scratch = torch.empty(4099, device="cuda")
+            del scratch
+        return super().forward(*args, **kwargs)
+
+cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=384)
+model = Odd(cfg).cuda().eval()
+ids = torch.randint(3, 384, (2, 10), device="cuda")
+with torch.no_grad():
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                         min_new_tokens=0, pad_token_id=0, eos_token_id=2, do_sample=False)
+"""
+    made, real = _both(monkeypatch, src)
+    notes = [n for n in made.meta["notes"] if n.startswith("generate(): ")]
+    assert notes and "did not match" in notes[0]
+    scratch = lambda tr: sum(1 for e in tr.events if e.kind == "alloc" and e.shape == (4099,))  # noqa: E731
+    assert 0 < scratch(made) < scratch(real) == 20  # lengths 30 .. 49, one a step, as long as the step runs
+
+
+def test_the_model_is_left_as_it_was(monkeypatch):
+    """The wrapper is the model's ``forward`` only while generate() runs."""
+    monkeypatch.setenv(decode_replay.ENV, "1")
+    ns: dict = {}
+    trace(LLAMA.replace("NEW", "12").replace("KW", "do_sample=False")
+          + "\nown = 'forward' in vars(model)\nname = type(model.forward).__name__\n", ns, mode="fake")
+    assert ns["own"] is False and ns["name"] == "method"
