@@ -140,3 +140,48 @@ def test_the_model_is_left_as_it_was(monkeypatch):
     trace(LLAMA.replace("NEW", "12").replace("KW", "do_sample=False")
           + "\nown = 'forward' in vars(model)\nname = type(model.forward).__name__\n", ns, mode="fake")
     assert ns["own"] is False and ns["name"] == "method"
+
+
+STATIC = """
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=500, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to("cuda").eval()
+ids = torch.randint(3, 500, (3, 30))
+mask = torch.ones_like(ids)
+mask[1, :7] = 0  # left padding: the attention mask is a bias, padded to a multiple of 16
+out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=60, do_sample=False,
+                     cache_implementation="static")
+"""
+
+_IN_PROCESS = """
+import json, re, sys
+from xmem_engine.tracing import trace
+tr = trace(sys.stdin.read(), {}, mode="fake")
+gen = lambda s: re.sub(r"/tmp/torchinductor_[^/]+/tmp[^/]+/[^/]+/[^:]+[.]py", "GEN.py", str(s))
+rows = [[gen(getattr(e, f)) for f in FIELDS] for e in tr.events]
+notes = [n for n in tr.meta.get("notes", []) if n.startswith("generate(): ")]
+print(json.dumps({"rows": rows, "notes": notes, "gemm_into": gen(tr.meta.get("gemm_into"))}))
+"""
+
+
+def test_a_static_cache_step_compiled_by_generate_is_made_too(monkeypatch):
+    """transformers compiles a static cache's decode step (``get_compiled_call``): the compiled
+    call is wrapped in turn, and the cache's length, a known count on the device, moves on in
+    made steps. Each trace in a process of its own: Inductor's caches would make a second
+    compile in one process allocate less."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = {}
+    for flag in ("1", "0"):
+        env = dict(os.environ, **{decode_replay.ENV: flag})
+        run = subprocess.run([sys.executable, "-c", f"FIELDS = {FIELDS!r}" + _IN_PROCESS], input=STATIC, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        out[flag] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["1"]["rows"] == out["0"]["rows"] and out["1"]["gemm_into"] == out["0"]["gemm_into"]
+    assert out["1"]["notes"] and int(out["1"]["notes"][0].split()[1]) >= 20 and not out["0"]["notes"]

@@ -52,6 +52,9 @@ PERIODS = (1, 16)
 #: made calls between the real ones that check a family: 4, 8, 16, 32, then 32 each
 CHECKS = (4, 8, 16, 32)
 _STATE_DEPTH = 4
+#: a state tensor's known value (its shadow) is a number of the state up to this many elements
+KNOWN_NUMEL = 8
+VALUE = "<value>"
 
 Path = tuple
 
@@ -126,12 +129,23 @@ def _roots(args: tuple, kwargs: dict) -> list[tuple[Any, Any]]:
     return out
 
 
-def _state(args: tuple, kwargs: dict) -> tuple[dict, dict]:
+def _state(args: tuple, kwargs: dict, tr: Any = None) -> tuple[dict, dict]:
+    """The state objects' tensors and numbers by path; with the tracer, the known values of
+    their small tensors too (a static cache's length: a count kept on the device), as numbers
+    at ``path + (VALUE,)``."""
     tensors: dict = {}
     numbers: dict = {}
     seen: set = set()
     for name, obj in _roots(args, kwargs):
         _walk(obj, (name,), tensors, numbers, seen, 0)
+    shadows = tr.shadows if tr is not None else None
+    if shadows is not None and len(shadows):
+        for path, t in tensors.items():
+            if t.numel() <= KNOWN_NUMEL:
+                real = shadows.real(t)
+                if real is not None:
+                    with torch._C._DisableTorchDispatch():
+                        numbers[path + (VALUE,)] = tuple(real.reshape(-1).tolist())
     return tensors, numbers
 
 
@@ -256,7 +270,7 @@ def _form(tr: Any, snap: _Snapshot, args: tuple, kwargs: dict, out: Any) -> tupl
         else:
             raise NotReplayable(f"a {e.kind} event in the step")
     # what the step keeps: the cache's new tensors and the output
-    tensors, numbers = _state(args, kwargs)
+    tensors, numbers = _state(args, kwargs, tr)
     kept: dict[int, tuple] = {}  # event id -> (path, tensor) of the cache after the call
     for path, t in tensors.items():
         r = tr.live.get(_storage_key(t))
@@ -274,6 +288,12 @@ def _form(tr: Any, snap: _Snapshot, args: tuple, kwargs: dict, out: Any) -> tupl
             returned_ids[tr.live[_storage_key(values[key])].event.id] = key
     del values
     for event_id, row in made.items():
+        holder = kept.get(event_id, (None, None))[1]
+        if holder is None and event_id in returned_ids:
+            holder = dict(_items(out))[returned_ids[event_id]]
+        if holder is not None and not _fits(rows[row][1], holder):
+            raise NotReplayable(f"keeps a tensor its storage cannot be made for ({rows[row][4]})")
+        del holder
         if event_id in kept:
             path, t = kept[event_id]
             rows[row][-1] = ("state", path, tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch."),
@@ -293,12 +313,25 @@ def _form(tr: Any, snap: _Snapshot, args: tuple, kwargs: dict, out: Any) -> tupl
     state = []
     for path, t in tensors.items():
         key, version, shadowed = snap.versions.get(path, (None, None, False))
-        if key == _storage_key(t) and t._version != version and shadowed:
+        if key == _storage_key(t) and t._version != version and shadowed and path + (VALUE,) not in numbers:
             raise NotReplayable(f"changes a known value in place ({path})")
         state.append(_tensor_meta(path, t))
     del tensors
     return (tuple(tuple(r) for r in rows), _signature(args, kwargs), tuple(state), _numbers(numbers), recipe,
             tr.sdpa_calls - snap.sdpa)
+
+
+def _extent(shape: tuple, stride: tuple) -> int:
+    """Elements a storage needs for a tensor of ``shape`` and ``stride`` at offset 0."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+
+
+def _fits(nbytes: int, t: torch.Tensor) -> bool:
+    """Whether ``t`` can be made again as a view at offset 0 of a storage of ``nbytes``."""
+    size = t.element_size()
+    return nbytes % size == 0 and _extent(tuple(t.shape), tuple(t.stride())) * size <= nbytes
 
 
 def _tensor_meta(path: Path, t: torch.Tensor) -> tuple:
@@ -478,7 +511,7 @@ class DecodeReplay:
             state_before, numbers_before = (fam.part(n - 1, i) for i in (2, 3))
             if _signature(args, kwargs) != signature:
                 return NotImplemented
-            tensors, numbers = _state(args, kwargs)
+            tensors, numbers = _state(args, kwargs, self.tr)
         except Exception:  # noqa: BLE001 - OutOfRange, NotReplayable, or inputs this cannot read: run it
             return NotImplemented
         same = tuple(_tensor_meta(p, t) for p, t in tensors.items()) == state_before and \
@@ -547,7 +580,15 @@ class DecodeReplay:
         for key in [k for k in new if k[0] == "state"]:
             _put(args, kwargs, key[1], new.pop(key))
         for path, value in numbers:
-            _put(args, kwargs, path, value)
+            if path[-1] == VALUE:  # a known value kept on the device: the shadow takes the step's
+                obj, last = _container(args, kwargs, path[:-1])
+                t = obj[last] if isinstance(obj, (list, tuple, dict)) else getattr(obj, last)
+                real = tr.shadows.real(t)
+                with torch._C._DisableTorchDispatch():  # a host tensor's value, not an op of the step
+                    real.copy_(torch.tensor(value, dtype=real.dtype).reshape(real.shape))
+                del t, real
+            else:
+                _put(args, kwargs, path, value)
         tr.sdpa_calls += sdpa
         cls, how_items = recipe
         items = {}
@@ -569,8 +610,15 @@ class DecodeReplay:
 
     def _tensor(self, ev: TraceEvent, shape: tuple, stride: tuple, dtype: str, device: str) -> torch.Tensor:
         """An empty tensor the step would keep, allocated through the tracer (its event then
-        says what the step's said)."""
-        t = torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=device)
+        says what the step's said): a storage of the step's bytes, viewed as the tensor it
+        kept (Inductor returns the logits as a view of a padded buffer)."""
+        torch_dtype = getattr(torch, dtype)
+        if _extent(shape, stride) * torch_dtype.itemsize == ev.bytes:  # the usual case: the tensor is its storage
+            t = torch.empty_strided(shape, stride, dtype=torch_dtype, device=device)
+        else:
+            base = torch.empty_strided((ev.bytes // torch_dtype.itemsize,), (1,), dtype=torch_dtype, device=device)
+            t = base.as_strided(shape, stride, 0)
+            del base
         rec = self.tr.live.get(_storage_key(t))
         if rec is None or rec.event is None or rec.event.bytes != ev.bytes:
             raise RuntimeError(f"xmem: a made decode step's tensor of shape {shape} took "

@@ -31,6 +31,8 @@ from xmem_engine.tracing.shims import decode_replay
 
 #: the module that holds ``GenerationMixin`` (transformers 4.4x to 5.x)
 GENERATION_MODULE = "transformers.generation.utils"
+#: the module that holds ``PreTrainedModel`` (its ``get_compiled_call``: generate's own compile)
+MODELING_MODULE = "transformers.modeling_utils"
 
 
 def _to_the_end(has_unfinished: Callable[..., Any]) -> Callable[..., torch.Tensor]:
@@ -90,6 +92,7 @@ class _Replays:
     def __init__(self, tracer: Any):
         self.tracer = tracer
         self.active: dict[int, decode_replay.DecodeReplay] = {}  # id(model) -> its generate()'s wrapper
+        self.compiled: dict[int, list] = {}  # id(model) -> wrappers of its compiled decode step, this generate()
         self.made = self.calls = 0
         self.diverged: list[str] = []
         self.note_at: int | None = None
@@ -106,6 +109,9 @@ class _Replays:
                 finally:
                     del self.active[id(model)]
                     self._tell(replay)
+                    for inner in self.compiled.pop(id(model), ()):
+                        self._tell(inner)
+                        inner.forward = inner.__wrapped__ = None
 
         return run
 
@@ -119,6 +125,21 @@ class _Replays:
             if ok and id(model) in self.active:
                 self.active[id(model)].set_aside()
             return ok
+
+        return run
+
+    def compiled_call(self, get_compiled_call: Callable[..., Any]) -> Callable[..., Any]:
+        """``PreTrainedModel.get_compiled_call``: the decode step ``generate`` compiles (a static
+        cache's) wrapped in turn, the compiled call being what runs a step."""
+
+        @functools.wraps(get_compiled_call)
+        def run(model: Any, *args: Any, **kwargs: Any) -> Any:
+            call = get_compiled_call(model, *args, **kwargs)
+            if id(model) not in self.active:
+                return call
+            inner = decode_replay.DecodeReplay(self.tracer, call)
+            self.compiled.setdefault(id(model), []).append(inner)
+            return inner
 
         return run
 
@@ -148,19 +169,28 @@ def beam_search_to_the_end(tracer: Any, stack: contextlib.ExitStack) -> contextl
     docstring), and decode steps are made from their pattern (``decode_replay.py``).
     transformers is patched when the traced code imports it, and put back after."""
 
+    replays = _Replays(tracer)
+
     def patch(module: Any) -> None:
+        if not tracer.fake:
+            return
+        if module.__name__ == MODELING_MODULE:
+            model = getattr(module, "PreTrainedModel", None)
+            if model is not None and hasattr(model, "get_compiled_call"):
+                stack.enter_context(patched_attr(model, "get_compiled_call",
+                                                 replays.compiled_call(model.get_compiled_call)))
+            return
         mixin = getattr(module, "GenerationMixin", None)
-        if not tracer.fake or mixin is None:
+        if mixin is None:
             return
         if hasattr(mixin, "_beam_search_has_unfinished_sequences"):
             stack.enter_context(patched_attr(mixin, "_beam_search_has_unfinished_sequences",
                                              staticmethod(_to_the_end(mixin._beam_search_has_unfinished_sequences))))
             if hasattr(mixin, "_beam_search"):
                 stack.enter_context(patched_attr(mixin, "_beam_search", uncropped(mixin._beam_search)))
-        replays = _Replays(tracer)
         stack.enter_context(patched_attr(mixin, "generate", replays.generate(mixin.generate)))
         if hasattr(mixin, "_valid_auto_compile_criteria"):
             stack.enter_context(patched_attr(mixin, "_valid_auto_compile_criteria",
                                              replays.compile_criteria(mixin._valid_auto_compile_criteria)))
 
-    return on_import([GENERATION_MODULE], patch)
+    return on_import([GENERATION_MODULE, MODELING_MODULE], patch)
