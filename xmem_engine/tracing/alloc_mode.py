@@ -282,7 +282,7 @@ class AllocMode(TorchDispatchMode):
         if rule is not None and (gpu if gpu is not None else self._on_gpu(args, kwargs)):
             steps = rule(args, kwargs, tr.cuda_device)
             if isinstance(steps, BySM):
-                tr.transients_by_sm(func, steps)
+                tr.transients(func, steps.steps(tr.cuda_device), steps.plan_args)
             elif steps:
                 tr.transients(func, steps)
         if func in convolutions.OPS and (gpu if gpu is not None else self._on_gpu(args, kwargs)):

@@ -38,7 +38,7 @@ from xmem_engine.tracing.errors import (
     needs_real_gpu,
 )
 from xmem_engine.tracing.frames import entry_point, run_user_code, trim_traceback
-from xmem_engine.tracing.shims.generation import beam_search_to_the_end
+from xmem_engine.tracing.shims.generation import generation_in_fake_mode
 from xmem_engine.tracing.shims.transformers_tracing import fake_tensors_are_not_traced
 from xmem_engine.tracing.patches import (
     INIT_FUNCTIONS,
@@ -417,7 +417,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
             stack.callback(_note_hub_kernels, tracer)
         stack.enter_context(triton_launches(tracer))  # Triton kernels: recorded, not run
         stack.enter_context(bitsandbytes_on_gpu(tracer))  # 4/8-bit parameters and optimizers
-        stack.enter_context(beam_search_to_the_end(tracer, stack))  # generate(): to max_new_tokens
+        stack.enter_context(generation_in_fake_mode(tracer, stack))  # generate(): to max_new_tokens, steps made
         stack.enter_context(fake_tensors_are_not_traced(tracer, stack))  # masks dropped as on a GPU
         stack.enter_context(fresh_singletons(stack))  # accelerate's state: a new process's, then the user's
         if tracer.fake:

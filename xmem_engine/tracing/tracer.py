@@ -118,7 +118,7 @@ class Tracer:
         w = world or World()
         self.vc = VirtualCuda(self, device, index=w.local_rank, count=w.local_size)
         self.cuda_device = device_of(self.vc.props)  # the target GPU as cuda_temporaries' rules see it
-        self.by_sm: list[list] = []  # see transients_by_sm
+        self.by_sm: list[list] = []  # see transients
         if allocator is None:
             # No capacity: the trace records every request; whether it fits is decided
             # downstream. device_total lets set_per_process_memory_fraction work.
@@ -209,30 +209,32 @@ class Tracer:
         self.events.append(event)
         return event
 
-    def transients(self, func: Any, steps: Iterable[tuple[str, str, int]]) -> None:
+    def transients(self, func: Any, steps: Iterable[tuple[str, str, int]], plan_args: Any = None) -> None:
         """Buffers a CUDA kernel allocates and frees inside one op (``cuda_temporaries.py``):
-        ``("alloc", slot, nbytes)`` / ``("free", slot, 0)`` steps, in the kernel's order."""
+        ``("alloc", slot, nbytes)`` / ``("free", slot, 0)`` steps, in the kernel's order. Sized by
+        the GPU's SM count (``plan_args`` of a ``BySM``), they are also kept in ``by_sm``
+        (``Trace.meta["by_sm"]``: start, count, plan) for an estimate for another GPU to resize."""
+        self.labelled_transients(steps, op_name(func), self.current_module(), user_frame(3),
+                                 self.vc.current_stream.stream_id, plan_args)
+
+    def labelled_transients(self, steps: Iterable[tuple[str, str, int]], op: str, module: str, source: str,
+                            stream: int, plan_args: Any = None) -> None:
+        """:meth:`transients` labelled by the caller (a decode step made from its pattern runs no op)."""
+        at = len(self.events)
         slots: dict[str, TraceEvent] = {}
-        source, module, op = user_frame(3), self.current_module(), op_name(func)
         for action, slot, nbytes in steps:
             if action == "alloc":
                 slots[slot] = self.add_event(TraceEvent(
-                    ALLOC, bytes=nbytes, stream=self.vc.current_stream.stream_id, category=Category.TEMPORARY,
+                    ALLOC, bytes=nbytes, stream=stream, category=Category.TEMPORARY,
                     op=op, module=module, phase=self.phase, dtype="uint8", shape=(nbytes,), source=source))
             else:
                 a = slots.pop(slot)
                 self.add_event(TraceEvent(FREE, id=a.id, bytes=a.bytes, stream=a.stream, category=a.category, op=op,
                                           module=module, phase=self.phase, dtype=a.dtype, shape=a.shape,
                                           iteration=self.iteration))
-
-    def transients_by_sm(self, func: Any, sized: Any) -> None:
-        """Transients whose sizes depend on the GPU's SM count (``cuda_temporaries.BySM``): made
-        for the traced GPU, and kept, with where they start and how many events they are, in
-        ``by_sm`` (``Trace.meta["by_sm"]``), so an estimate for another GPU sizes them again."""
-        at = len(self.events)
-        self.transients(func, sized.steps(self.cuda_device))
-        self.by_sm.append([at, len(self.events) - at, list(sized.plan_args), self.vc.current_stream.stream_id,
-                           op_name(func), self.current_module(), self.phase, user_frame(2), self.iteration])
+        if plan_args is not None:
+            self.by_sm.append([at, len(self.events) - at, list(plan_args), stream, op, module, self.phase, source,
+                               self.iteration])
 
     def register_root(self, module: torch.nn.Module, label: str) -> None:
         """Name a top-level module (its own ops are labelled ``label``)."""

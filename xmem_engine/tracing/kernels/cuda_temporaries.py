@@ -204,7 +204,7 @@ register("cuda temporaries", RULES, __name__)
 
 def resized_by_sm(trace: Any, sm_count: int, major: int, minor: int) -> list | None:
     """The trace's events with its SM-dependent transients (``Trace.meta["by_sm"]``, written
-    by ``Tracer.transients_by_sm``) sized for a GPU with ``sm_count`` SMs of compute capability
+    by ``Tracer.transients``) sized for a GPU with ``sm_count`` SMs of compute capability
     ``major.minor``; None when they are the traced GPU's already (or the trace has none)."""
     from xmem_engine.trace import ALLOC, FREE, Category, TraceEvent
 

@@ -122,6 +122,11 @@ def container(args: tuple, kwargs: dict, path: Path) -> tuple[Any, Any]:
     return obj, rest[-1]
 
 
+def get(args: tuple, kwargs: dict, path: Path) -> Any:
+    obj, last = container(args, kwargs, path)
+    return obj[last] if isinstance(obj, (list, tuple, dict)) else getattr(obj, last)
+
+
 def put(args: tuple, kwargs: dict, path: Path, value: Any) -> None:
     obj, last = container(args, kwargs, path)
     if isinstance(obj, (list, dict)):
@@ -244,17 +249,10 @@ def call_form(tr: Any, snap: Snapshot, args: tuple, kwargs: dict, out: Any) -> t
             kept[r.event.id] = (path, t)
     recipe = _output_recipe(tr, out, args, kwargs, set(made) - set(kept),
                             {id(t): path for path, t in tensors.items()})
-    returned = {how[1]: how for _, how in recipe[1] if how[0] == "new"}
-    returned_ids = {}
     values = dict(items(out))
-    for key, how in recipe[1]:
-        if how[0] == "new":
-            returned_ids[tr.live[storage_key(values[key])].event.id] = key
-    del values
+    returned = {tr.live[storage_key(values[key])].event.id: key for key, how in recipe[1] if how[0] == "new"}
     for event_id, row in made.items():
-        holder = kept.get(event_id, (None, None))[1]
-        if holder is None and event_id in returned_ids:
-            holder = dict(items(out))[returned_ids[event_id]]
+        holder = kept[event_id][1] if event_id in kept else values[returned[event_id]] if event_id in returned else None
         if holder is not None and not _fits(rows[row][1], holder):
             raise NotReplayable(f"keeps a tensor its storage cannot be made for ({rows[row][4]})")
         del holder
@@ -262,11 +260,12 @@ def call_form(tr: Any, snap: Snapshot, args: tuple, kwargs: dict, out: Any) -> t
             path, t = kept[event_id]
             rows[row][-1] = ("state", path, tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch."),
                              str(t.device))
-        elif event_id in returned_ids and returned_ids[event_id] in returned:
-            rows[row][-1] = ("out", returned_ids[event_id])
+        elif event_id in returned:
+            rows[row][-1] = ("out", returned[event_id])
         else:
             raise NotReplayable(f"keeps a tensor outside its cache and output ({rows[row][4]})")
     kept.clear()
+    del values
     # a replaced cache tensor is freed only once its replacement exists
     placed = set()
     for r in rows:

@@ -12,21 +12,25 @@ what only names it: its requests in order, each allocation with its role (freed 
 kept in the cache object the call was given, or returned), each free with what it frees (made
 in the step, or the cache's tensor it replaces), the side records the tracer keeps with them
 (GEMMs into given outputs, reductions' staging buffers as their launch plans), the inputs'
-shapes, and the cache's tensors and counters after the call. Once three calls in a row are one
-affine family in the call's number (``affine.fit``, as a batch family is in the batch size),
-later calls are *made* from the family (:meth:`DecodeReplay._make`): their requests go to the
-tracer in the same order, the tensors the step would keep (the cache's new keys and values)
-and return (the logits) are made empty with their shapes and put where the step put them,
-counters moved on, and the output built as the step built it. The next call after 4, 8, 16
-and 32 made ones, then after every 32, runs for real and must equal the family's; one that
-does not ends the family (a note says where: the steps made since the last check may differ
-from a real run's), and a new family can be fitted on the steps that follow.
+shapes, and the cache's tensors, counters and small known values after the call. Once 18
+calls in a row are one affine family in the call's number (``affine.fit``, as a batch family
+is in the batch size), or sixteen families over 48 calls, one per residue modulo 16 (an
+attention bias padded to a multiple of 16 changes every 16th step), later calls are *made* from
+it (:meth:`DecodeReplay._make`): their requests go to the tracer in the same order, the tensors
+the step would keep (the cache's new keys and values) and return (the logits) are made empty
+with their shapes and put where the step put them, counters and known values moved on, and the
+output built as the step built it. The next call after 4, 8, 16 and 32 made ones, then after
+every 32, runs for real and must equal the family's; one that does not ends the family (a note
+says where: the steps made since the last check may differ from a real run's), and a new
+family can be fitted on the steps that follow. Steps near a count the cache holds (a sliding
+window) run for real.
 
 A call runs for real when its inputs are not the family's (another shape, another cache), in
-real mode, under a compiler (``generate``'s own compile of a static cache's step sets the
-wrapper aside), and wherever the step cannot be put back from its form: it frees something it
-was not given, keeps a tensor outside its cache and output, or changes a known (shadowed)
-value of the cache in place. ``XMEM_REPLAY_DECODE=0`` runs every step.
+real mode, while a compiler traces it (``generate``'s own compile of a static cache's step
+sees the model's ``forward``; the compiled call is wrapped in turn), and wherever the step
+cannot be put back from its form: it frees something it was not given, keeps a tensor outside
+its cache and output, or changes a larger known (shadowed) value of the cache in place.
+``XMEM_REPLAY_DECODE=0`` runs every step.
 """
 
 from __future__ import annotations
@@ -40,9 +44,9 @@ from typing import Any, Callable, Iterator
 import torch
 
 from xmem_engine.affine import NotAffine, OutOfRange, evaluate, fit, varies
-from xmem_engine.trace import ALLOC, FREE, Category, TraceEvent
-from xmem_engine.tracing.shims.decode_forms import (VALUE, NotReplayable, call_form, container, extent, numbers_of,
-                                                    put, signature, snapshot, state, storage_key, tensor_meta)
+from xmem_engine.trace import ALLOC, FREE, TraceEvent
+from xmem_engine.tracing.shims.decode_forms import (VALUE, NotReplayable, call_form, extent, get, numbers_of, put,
+                                                    signature, snapshot, state, storage_key, tensor_meta)
 
 ENV = "XMEM_REPLAY_DECODE"
 #: consecutive real calls a family is fitted on: with one line, the first two fit it and the
@@ -53,6 +57,8 @@ FIT_CALLS = 18
 PERIODS = (1, 16)
 #: made calls between the real ones that check a family: 4, 8, 16, 32, then 32 each
 CHECKS = (4, 8, 16, 32)
+
+
 def enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -162,7 +168,6 @@ class DecodeReplay:
                 raise NotReplayable("its state could not be read")
             form = call_form(tr, snap, args, kwargs, out)
         except Exception:  # noqa: BLE001 - NotReplayable, or a step this form cannot read: the call ran, for real
-
             if fam is not None:
                 self._check(fam, n, None)
             self.recent.clear()
@@ -268,27 +273,16 @@ class DecodeReplay:
                     for e in tr.events[before:]:  # freed here, not in the module that replaced it
                         e.module, e.phase, e.iteration = module, phase, iteration
             elif kind == "G":  # a reduction's staging buffers, from its launch plan
-                _, plan_args, stream, op, module, phase, source, iteration = row
-                at, slots = len(tr.events), {}
-                for action, slot, nbytes in BySM(tuple(plan_args)).steps(tr.cuda_device):
-                    if action == "alloc":
-                        slots[slot] = tr.add_event(TraceEvent(
-                            ALLOC, bytes=nbytes, stream=stream, category=Category.TEMPORARY, op=op, module=module,
-                            phase=phase, dtype="uint8", shape=(nbytes,), source=source))
-                    else:
-                        a = slots.pop(slot)
-                        tr.add_event(TraceEvent(FREE, id=a.id, bytes=a.bytes, stream=stream, category=a.category,
-                                                op=op, module=module, phase=phase, dtype=a.dtype, shape=a.shape,
-                                                iteration=iteration))
-                tr.by_sm.append([at, len(tr.events) - at, plan_args, stream, op, module, phase, source, iteration])
+                _, plan_args, stream, op, module, _phase, source, _iteration = row
+                tr.labelled_transients(BySM(tuple(plan_args)).steps(tr.cuda_device), op, module, source, stream,
+                                       plan_args)
             elif kind == "M":  # a GEMM into a given tensor (its cuBLAS workspace)
                 tr.gemm_into.append([len(tr.events), *row[1:]])
         for key in [k for k in new if k[0] == "state"]:
             put(args, kwargs, key[1], new.pop(key))
         for path, value in numbers:
             if path[-1] == VALUE:  # a known value kept on the device: the shadow takes the step's
-                obj, last = container(args, kwargs, path[:-1])
-                t = obj[last] if isinstance(obj, (list, tuple, dict)) else getattr(obj, last)
+                t = get(args, kwargs, path[:-1])
                 real = tr.shadows.real(t)
                 with torch._C._DisableTorchDispatch():  # a host tensor's value, not an op of the step
                     real.copy_(torch.tensor(value, dtype=real.dtype).reshape(real.shape))
@@ -304,8 +298,7 @@ class DecodeReplay:
             elif how[0] == "arg":
                 items[key] = kwargs[how[1]] if isinstance(how[1], str) else args[how[1]]
             elif how[0] == "held":
-                obj, last = container(args, kwargs, how[1])
-                items[key] = obj[last] if isinstance(obj, (list, tuple, dict)) else getattr(obj, last)
+                items[key] = get(args, kwargs, how[1])
             else:
                 items[key] = how[1]
         if cls is torch.Tensor:
@@ -313,6 +306,12 @@ class DecodeReplay:
         if cls is tuple:
             return tuple(items[i] for i in range(len(items)))
         return cls(**items)
+
+    def release(self) -> None:
+        """Let go of the wrapped call once its ``generate()`` is over: nothing of the model may
+        outlive it here (a wrapper in a reference cycle waits for the garbage collector, and
+        would keep the model's tensors alive until then)."""
+        self.forward = self.__wrapped__ = None  # type: ignore[assignment]
 
     def _tensor(self, ev: TraceEvent, shape: tuple, stride: tuple, dtype: str, device: str) -> torch.Tensor:
         """An empty tensor the step would keep, allocated through the tracer (its event then
@@ -358,6 +357,5 @@ def wrapped_forward(tracer: Any, model: Any) -> Iterator[DecodeReplay]:
         yield replay
     finally:
         restore()
-        # nothing of the model outlives the call (the wrapper and its closure are a cycle, left
-        # to the garbage collector: it must not keep the model's tensors alive until then)
-        replay.forward = replay.__wrapped__ = replay.set_aside = None  # type: ignore[attr-defined]
+        replay.set_aside = None  # type: ignore[attr-defined]
+        replay.release()

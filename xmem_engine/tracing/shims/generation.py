@@ -111,7 +111,7 @@ class _Replays:
                     self._tell(replay)
                     for inner in self.compiled.pop(id(model), ()):
                         self._tell(inner)
-                        inner.forward = inner.__wrapped__ = None
+                        inner.release()
 
         return run
 
@@ -164,7 +164,7 @@ class _Replays:
             notes[self.note_at] = note
 
 
-def beam_search_to_the_end(tracer: Any, stack: contextlib.ExitStack) -> contextlib.AbstractContextManager:
+def generation_in_fake_mode(tracer: Any, stack: contextlib.ExitStack) -> contextlib.AbstractContextManager:
     """While the trace lasts, in fake mode: beam search runs to ``max_new_tokens`` (module
     docstring), and decode steps are made from their pattern (``decode_replay.py``).
     transformers is patched when the traced code imports it, and put back after."""
