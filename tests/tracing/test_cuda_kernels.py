@@ -102,3 +102,55 @@ b = torch.softmax(padded, dim=-1)
     tr = trace(src, {}, mode="fake")
     temps = [(e.kind, e.bytes, e.op) for e in tr.events if e.category == "temporary"]
     assert temps == [("alloc", 64 * 1000 * 4, "aten._log_softmax.default"), ("free", 64 * 1000 * 4, "aten._log_softmax.default")]
+
+
+CONV_LAYOUT = """
+import torch
+conv = torch.nn.Conv2d(3, 8, 3, padding=1).cuda()
+conv.weight.data = conv.weight.data.to(memory_format=WEIGHT)
+x = torch.randn(BATCH, 3, 16, 16, device="cuda").to(memory_format=INPUT).requires_grad_()
+out = conv(x)
+print("layout", out.is_contiguous(memory_format=torch.channels_last))
+out.backward(torch.ones_like(out))
+print("layout", x.grad.is_contiguous(memory_format=torch.channels_last))
+"""
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+@pytest.mark.parametrize("batch", [8, 32])  # the CPU's NNPACK (batch >= 16) ignores channels-last
+def test_a_convolution_lays_its_outputs_out_as_cudnn_does(mode, batch, capsys):
+    """cuDNN works channels-last when the input or the weight is (Inductor's compiled code
+    asserts it); where they differ it copies the other operand, for the op's duration."""
+    def run(weight, input):
+        capsys.readouterr()
+        src = CONV_LAYOUT.replace("WEIGHT", weight).replace("INPUT", input).replace("BATCH", str(batch))
+        tr = trace(src, {}, mode=mode)
+        layouts = [line.split()[1] == "True" for line in capsys.readouterr().out.splitlines()
+                   if line.startswith("layout")]
+        return layouts, conv_copies(tr)
+
+    image = batch * 3 * 16 * 16 * 4
+    assert run("torch.contiguous_format", "torch.contiguous_format") == ([False, False], [])
+    assert run("torch.channels_last", "torch.channels_last") == ([True, True], [])
+    # a channels-last model fed NCHW images: cuDNN copies the input in forward and in backward
+    # (``_convolution``'s and ``convolution_backward``'s ``input.contiguous(channels_last)``)
+    # (x.grad: cuDNN's channels-last gradient, copied to x's layout by AccumulateGrad)
+    layouts, copies = run("torch.channels_last", "torch.contiguous_format")
+    assert layouts == [True, False]
+    assert copies == [("aten.convolution.default", image), ("aten.convolution_backward.default", image)]
+
+
+def conv_copies(tr):
+    """The operand copies a trace's convolutions make: transient byte buffers."""
+    return [(e.op, e.bytes) for e in tr.events if e.kind == "alloc" and "convolution" in e.op
+            and e.dtype == "uint8" and e.shape == (e.bytes,)]
+
+
+def test_a_1d_convolution_of_a_permuted_input_copies_it_contiguous():
+    src = """
+import torch
+conv = torch.nn.Conv1d(64, 32, 3).cuda()
+x = torch.randn(4, 100, 64, device="cuda").transpose(1, 2)   # (N, L, C) features as (N, C, L)
+out = conv(x)
+"""
+    assert conv_copies(trace(src, {}, mode="fake")) == [("aten.convolution.default", 4 * 100 * 64 * 4)]

@@ -143,6 +143,37 @@ def test_compiled_code_leaves_no_compile_state_behind():
     assert a.meta["compile"]["graphs"] == b.meta["compile"]["graphs"] == 1
 
 
+CNN = """
+import torch, torch.nn as nn
+model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                      nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)).cuda()
+step = torch.compile(model, mode=MODE)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(2):
+    x, y = torch.randn(32, 3, 16, 16, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
+    nn.functional.cross_entropy(step(x), y).backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("mode", ["None", '"max-autotune"'])
+def test_a_compiled_cnn_runs_its_channels_last_convolutions_as_cudnn_does(mode):
+    """Inductor lays a training CNN's convolutions out channels-last and asserts the strides
+    cuDNN gives; at batch 16 and more the CPU's kernel (NNPACK) gave NCHW and the step
+    stopped with an AssertionError. ``max-autotune`` compiles too (its benchmarking off)."""
+    tr = trace(CNN.replace("MODE", mode), {}, mode="fake", device=H100)
+    info = tr.meta["compile"]
+    assert info["graphs"] == 1 and info["backward_graphs"] == 1 and info["failures"] == 0, tr.meta["notes"]
+    forward, backward = (_buffers(p) for p in info["wrappers"])
+    # the layout optimisation: the wrapper asserts a channels-last convolution output
+    assert re.search(r"assert_\w+\(buf\d+, \(32, \d+, 16, 16\), \(\d+, 1, ", open(info["wrappers"][0]).read())
+    for phase, expected in (("forward", forward), ("backward", backward)):
+        got = [shape for shape, op in _allocs(tr, 1, phase) if op == "aten.empty_strided.default"]
+        assert got == expected, phase
+    assert not [n for n in tr.meta["notes"] if "ran eagerly" in n]
+
+
 GRAPH_BREAK = """
 import os, torch, torch.nn as nn
 class M(nn.Module):

@@ -251,6 +251,9 @@ class AllocMode(TorchDispatchMode):
             out = func(*args, **kwargs)
         live = tr.live
         gpu: bool | None = None
+        conv_copies = None
+        if func in convolutions.OPS and (gpu := self._on_gpu(args, kwargs)):
+            out, conv_copies = convolutions.as_on_cuda(func, args, kwargs, out)  # CUDA's layouts and copies
         budget = tr.host_budget
         host = HOST_OUTPUTS.get(func)
         made = False
@@ -285,7 +288,9 @@ class AllocMode(TorchDispatchMode):
                 tr.transients(func, steps.steps(tr.cuda_device), steps.plan_args)
             elif steps:
                 tr.transients(func, steps)
-        if func in convolutions.OPS and (gpu if gpu is not None else self._on_gpu(args, kwargs)):
+        if func in convolutions.OPS and gpu:
+            if conv_copies:
+                tr.transients(func, conv_copies)
             convolutions.record(tr, func, args, kwargs, out)  # cuDNN's problems: workspaces by target GPU
         if in_backward:
             self.backward_writes.made(tensors_in(out))

@@ -417,8 +417,11 @@ class VirtualGPUBackend:
                 return compile_fx_inner(*args, **kwargs)
 
         # CUDA graphs (mode="reduce-overhead", transformers' static-cache generate()) capture and
-        # replay on the real device; the compiled step runs without them (UNMODELLED_MODES says so)
-        patches = {**self.inner.config, "triton.cudagraphs": False}
+        # replay on the real device; the compiled step runs without them (UNMODELLED_MODES says so).
+        # A mode's own patches (max-autotune's) apply inside compile_fx, over inductor_gpu's
+        # settings: autotuning benchmarks on a device, so it stays off here too (the mode's note).
+        patches = {**self.inner.config, "triton.cudagraphs": False, "max_autotune": False,
+                   "max_autotune_gemm": False, "max_autotune_pointwise": False}
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
 
 

@@ -21,9 +21,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch._prims_common import make_channels_last_3d_strides_for, make_channels_last_strides_for
 from torch._subclasses.fake_tensor import FakeTensor
 
 from xmem_engine.tracing.kernels.autocast_policy import aten_op
+from xmem_engine.tracing.kernels.convolutions import cuda_layout
 from xmem_engine.tracing.torch_compat import is_non_overlapping_and_dense
 from xmem_engine.tracing.ops import register
 
@@ -143,15 +145,26 @@ def _conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
+def _in_layout(size: Any, fmt: torch.memory_format, like: torch.Tensor) -> Any:
+    """A fresh fake tensor of ``size`` laid out ``fmt`` (contiguous or channels-last)."""
+    if fmt is torch.contiguous_format:
+        return _new_empty(like, size)
+    make = make_channels_last_strides_for if len(size) == 4 else make_channels_last_3d_strides_for
+    return _empty(size, make(size), like.dtype, like)
+
+
 def _fast_convolution(input: torch.Tensor, weight: torch.Tensor, bias: Any, stride: list, padding: list,
                       dilation: list, transposed: bool, output_padding: list, groups: int) -> Any:
-    """Fake ``convolution`` (not transposed, contiguous, fp32/fp64): the output's shape by the
-    usual formula, without FakeTensorMode's meta kernel."""
+    """Fake ``convolution`` (not transposed, fp32/fp64, both operands dense in the layout cuDNN
+    works in): the output's shape by the usual formula, laid out as cuDNN lays it out
+    (``convolutions.cuda_layout``), without FakeTensorMode's meta kernel."""
     spatial = input.dim() - 2
     if (transposed or input.dtype not in _PLAIN_FLOATS or weight.dtype != input.dtype or spatial < 1
             or not (len(stride) == len(padding) == len(dilation) == spatial) or weight.dim() != input.dim()
-            or not input.is_contiguous() or not weight.is_contiguous()
             or input.shape[1] != weight.shape[1] * groups):
+        return NotImplemented
+    fmt = cuda_layout(input, weight)
+    if not input.is_contiguous(memory_format=fmt) or not weight.is_contiguous(memory_format=fmt):
         return NotImplemented
     out = [input.shape[0], weight.shape[0]]
     for i in range(spatial):
@@ -159,19 +172,23 @@ def _fast_convolution(input: torch.Tensor, weight: torch.Tensor, bias: Any, stri
         if n <= 0:
             return NotImplemented  # let the meta kernel raise its error
         out.append(n)
-    return _new_empty(input, out)
+    return _in_layout(out, fmt, input)
 
 
 def _fast_convolution_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
                                bias_sizes: Any, stride: list, padding: list, dilation: list, transposed: bool,
                                output_padding: list, groups: int, output_mask: list[bool]) -> Any:
-    """Fake ``convolution_backward``: gradients shaped like input, weight and bias."""
+    """Fake ``convolution_backward``: gradients shaped like input, weight and bias, the first two
+    in cuDNN's layout."""
     if (input.dtype not in _PLAIN_FLOATS or grad_output.dtype != input.dtype or weight.dtype != input.dtype
-            or not input.is_contiguous() or not weight.is_contiguous() or not grad_output.is_contiguous()):
+            or weight.dim() != input.dim()):
+        return NotImplemented
+    fmt = cuda_layout(input, weight)
+    if not all(t.is_contiguous(memory_format=fmt) for t in (input, weight, grad_output)):
         return NotImplemented
     return (
-        _new_empty(input, input.shape) if output_mask[0] else None,
-        _new_empty(weight, weight.shape) if output_mask[1] else None,
+        _in_layout(input.shape, fmt, input) if output_mask[0] else None,
+        _in_layout(weight.shape, fmt, weight) if output_mask[1] else None,
         _new_empty(weight, (weight.shape[1] * groups if transposed else weight.shape[0],)) if output_mask[2] else None,
     )
 

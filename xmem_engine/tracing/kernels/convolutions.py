@@ -7,6 +7,13 @@ with the id of the op's last output allocation, and the estimate adds the target
 measured workspaces there. Kept in ``trace.meta["conv_calls"]``: ``[[output id, [problem
 key, ...]], ...]``; ``trace.meta["cudnn_benchmark"]`` says a call ran with
 ``torch.backends.cudnn.benchmark`` on.
+
+The CPU's convolution kernels also lay their outputs out differently from CUDA's: NNPACK
+(batch 16 and more) returns NCHW for a channels-last input, where cuDNN returns channels-last.
+:func:`as_on_cuda` gives a GPU convolution's outputs CUDA's layout (what Inductor's compiled
+code asserts, and what the next ops copy or not) and the operand copies CUDA's kernels make
+(``Tensor.contiguous(format)`` inside ``_convolution`` and ``cudnn_convolution*``, which no
+dispatch mode sees).
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from torch._prims_common import suggest_memory_format
 
 from xmem_engine.gpus.cudnn import ConvProblem
 from xmem_engine.tracing.tracer import tensors_in
@@ -24,6 +33,66 @@ BACKWARD = torch.ops.aten.convolution_backward.default
 OPS = frozenset({FORWARD, BACKWARD})
 
 
+Step = tuple[str, str, int]
+_NAMES = {FORWARD: ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding",
+                    "groups"),
+          BACKWARD: ("grad_output", "input", "weight", "bias_sizes", "stride", "padding", "dilation", "transposed",
+                     "output_padding", "groups", "output_mask")}
+
+
+def _arguments(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    a = dict(zip(_NAMES[func], args))
+    a.update(kwargs)
+    return a
+
+
+def cuda_layout(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
+    """The memory format CUDA's convolution works in and gives its outputs: cuDNN's
+    ``cudnn_conv_suggest_memory_format`` (``aten/src/ATen/native/ConvUtils.h``): channels-last
+    when the input or the weight is (4-d, 5-d), contiguous otherwise and for float64. Without
+    cuDNN (``torch.backends.cudnn.enabled = False``) CUDA's own kernels are contiguous. A 1-d
+    convolution runs as a 2-d one on a contiguous input (``_convolution``'s expand)."""
+    if not torch.backends.cudnn.enabled or torch.float64 in (input.dtype, weight.dtype):
+        return torch.contiguous_format
+    cl = {4: torch.channels_last, 5: torch.channels_last_3d}.get(weight.dim())
+    if cl is not None and cl in (suggest_memory_format(input), suggest_memory_format(weight)):
+        return cl
+    return torch.contiguous_format
+
+
+def _in(t: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
+    return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
+
+
+def _copied(ts: list[Any], fmt: torch.memory_format) -> list[Step]:
+    """Steps for the copies ``t.contiguous(fmt)`` makes of those operands not laid out so, held
+    until the op returns."""
+    steps = [("alloc", f"copy{i}", t.numel() * t.element_size())
+             for i, t in enumerate(ts) if t is not None and t.numel() and not t.is_contiguous(memory_format=fmt)]
+    return steps + [("free", slot, 0) for _, slot, _ in reversed(steps)]
+
+
+def as_on_cuda(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[Any, list[Step]]:
+    """A GPU convolution's outputs in the layout CUDA gives them (copied where the CPU kernel's
+    differ), and the operand copies CUDA makes while it runs, as transient steps
+    (``Tracer.transients``): the input to ``fmt`` in ``_convolution`` / ``convolution_backward``,
+    the weight in ``cudnn_convolution*``, the output gradient in ``cudnn_convolution_backward``."""
+    a = _arguments(func, args, kwargs)
+    x, w = a["input"], a["weight"]
+    if (not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.layout != torch.strided
+            or x.dim() != w.dim()):
+        return out, []
+    fmt = cuda_layout(x, w)
+    if func is FORWARD:
+        return (_in(out, fmt) if isinstance(out, torch.Tensor) else out), _copied([x, w], fmt)
+    gi, gw, gb = out
+    mask = a["output_mask"]
+    if not (mask[0] or mask[1]):  # the bias's gradient alone: a sum of grad_output
+        return out, []
+    copies = [x, a["grad_output"], w if mask[0] else None]
+    return (None if gi is None else _in(gi, fmt), None if gw is None else _in(gw, fmt), gb), _copied(copies, fmt)
+
+
 def _ints(xs: Any, n: int) -> tuple[int, ...]:
     xs = tuple(map(int, xs))
     return xs * n if len(xs) == 1 and n > 1 else xs
@@ -31,12 +100,7 @@ def _ints(xs: Any, n: int) -> tuple[int, ...]:
 
 def problems(func: Any, args: tuple, kwargs: dict) -> list[ConvProblem]:
     """The cuDNN problems one ``convolution`` / ``convolution_backward`` call runs."""
-    names = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
-    if func is BACKWARD:
-        names = ("grad_output", "input", "weight", "bias_sizes", "stride", "padding", "dilation", "transposed",
-                 "output_padding", "groups", "output_mask")
-    a = dict(zip(names, args))
-    a.update(kwargs)
+    a = _arguments(func, args, kwargs)
     x, w = a["input"], a["weight"]
     spatial = max(x.dim() - 2, 1)
     mask = tuple(a["output_mask"]) if func is BACKWARD else ()
