@@ -163,6 +163,50 @@ torch.cuda.synchronize()
     assert len(rec) == 1 and rec[0].id == a.id and rec[0].streams == (b.stream,)
 
 
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_raw_streams_and_pinned_host_buffers_need_no_driver(mode):
+    """Libraries that keep CUDA's raw stream handles (Unsloth's kernels, at import) or stage
+    through page-locked host buffers (``pin_memory=True``) ran into the missing driver."""
+    src = """
+import torch
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    handles = [torch._C._cuda_getCurrentRawStream(0), torch.cuda.current_stream().cuda_stream]
+staging = torch.empty(4096, pin_memory=True)
+x = torch.randn(4096, device="cuda")
+staging.copy_(x, non_blocking=True)
+y = torch.zeros(64, pin_memory=True).cuda()
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode=mode)
+    assert ns["handles"][0] == ns["handles"][1] != 0  # the virtual side stream's handle
+    assert [e.bytes for e in allocs(tr)] == [4096 * 4, 64 * 4]  # the host buffers hold no GPU memory
+
+
+def test_a_child_the_code_forks_ends_at_its_exit_not_in_the_trace(tmp_path):
+    """multiprocessing's fork children end with ``os._exit``, which the trace turns into an end of
+    the script: the child unwound into xmem and ended the trace there too, removing the trace's
+    file placeholders from under the parent (Unsloth checks its statistics in a forked child)."""
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork start method here")
+    src = f"""
+import multiprocessing, os, torch
+model = torch.nn.Linear(64, 64).cuda()
+torch.save(model.state_dict(), {str(tmp_path / "ckpt.pt")!r})   # a placeholder while tracing
+child = multiprocessing.get_context("fork").Process(target=print, args=("child ran",))
+child.start(); child.join()
+code = child.exitcode
+kept = os.path.exists({str(tmp_path / "ckpt.pt")!r})
+x = torch.randn(1024, device="cuda")
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake")
+    assert ns["code"] == 0 and ns["kept"]
+    assert allocs(tr)[-1].bytes == 1024 * 4  # the parent's trace went on after the child
+
+
 # --------------------------------------------------------------------------- training step
 @pytest.mark.parametrize("mode", MODES)
 def test_training_step_categories_phases_and_iterations(mode):

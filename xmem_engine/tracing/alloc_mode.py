@@ -145,6 +145,7 @@ class AllocMode(TorchDispatchMode):
         self.t = tracer
         self.fake_errors = _fake_exceptions() if tracer.fake else ()
         self.mutable: dict[Any, bool] = {}
+        self.aliased: dict[Any, bool] = {}  # func -> whether every output is an input it wrote
         self.composite: dict[Any, bool] = {}
         self.gemm: dict[Any, bool] = {}  # func -> whether it is a GEMM (cuBLAS workspaces)
         self.backward_writes = BackwardInPlace()
@@ -273,6 +274,8 @@ class AllocMode(TorchDispatchMode):
             if gpu is None:
                 gpu = self._on_gpu(args, kwargs)
             if gpu:
+                if self._written_in_place(func):
+                    continue  # a host tensor an op wrote into (``host_buffer.copy_(gpu_tensor)``)
                 tr.on_new_storage(func, t, st, key, nbytes)
                 made = True
         if not made and isinstance(out, torch.Tensor):
@@ -349,6 +352,18 @@ class AllocMode(TorchDispatchMode):
         reads back, in a scope that puts its buckets on the GPU)."""
         keep = self.t.scope.host_dtypes
         return bool(keep) and kwargs.get("dtype") in keep and not _has_tensor(args)
+
+    def _written_in_place(self, func: Any) -> bool:
+        """An output of an in-place or ``out=`` op (its schema says it returns what it wrote):
+        nothing was allocated. A GPU one is known already; this is a host tensor written from
+        the GPU (``host_buffer.copy_(gpu_tensor)``), which a GPU run copies into without
+        allocating (in fake mode the op's output is a fake stand-in for the real host tensor)."""
+        aliased = self.aliased.get(func)
+        if aliased is None:
+            schema = getattr(func, "_schema", None)
+            aliased = self.aliased[func] = bool(schema is not None and schema.returns and all(
+                r.alias_info is not None and r.alias_info.is_write for r in schema.returns))
+        return aliased
 
     def _on_gpu(self, args: tuple, kwargs: dict) -> bool:
         tr = self.t

@@ -131,6 +131,8 @@ class DeviceMode(TorchFunctionMode):
         if h is not None:
             return h(func, args, kwargs)
         tr = self.t
+        if kwargs.get("pin_memory"):  # page-locked host memory needs a driver; it holds no GPU memory
+            kwargs = {**kwargs, "pin_memory": False}
         dev = kwargs.get("device")
         if dev is None and _device_mod.CURRENT_DEVICE is not None and func in _device_constructors():
             # ``with torch.device("cuda")`` / ``set_default_device``: the DeviceContext sits

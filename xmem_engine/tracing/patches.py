@@ -317,7 +317,10 @@ class ScriptEnd:
     xmem with it (a scheduler read exit 0 and no answer); ``atexit`` handlers the user's code
     registers run when the code ends, inside the trace, not after xmem has printed its
     result. Handlers that libraries register (thread pools, caches) keep their process-exit
-    meaning: they are left to ``atexit``."""
+    meaning: they are left to ``atexit``. A child process the code forks ends at its
+    ``os._exit`` as it would (multiprocessing's fork children end so): were it to raise, the
+    child would unwind into xmem and end the trace there, removing the trace's placeholders
+    from under the parent (Unsloth checks its statistics in a forked child)."""
 
     def __init__(self) -> None:
         self.handlers: list[tuple[Callable, tuple, dict]] = []
@@ -331,7 +334,11 @@ class ScriptEnd:
 
         orig_register, orig_unregister = atexit.register, atexit.unregister
 
+        traced, orig_exit = os.getpid(), os._exit
+
         def _exit(status: int) -> None:
+            if os.getpid() != traced:  # a child forked by the code (multiprocessing's fork): it ends
+                orig_exit(status)
             raise ProcessExit(status)
 
         def register(func: Callable, *args: Any, **kwargs: Any) -> Callable:
@@ -344,7 +351,7 @@ class ScriptEnd:
             self.handlers = [h for h in self.handlers if h[0] != func]
             orig_unregister(func)
 
-        _exit.__wrapped__ = os._exit  # type: ignore[attr-defined]
+        _exit.__wrapped__ = orig_exit  # type: ignore[attr-defined]
         self._stack.enter_context(patched_attr(os, "_exit", _exit))
         self._stack.enter_context(patched_attr(atexit, "register", register))
         self._stack.enter_context(patched_attr(atexit, "unregister", unregister))

@@ -497,6 +497,10 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
             for name, fn in generic.items():
                 if hasattr(accelerator, name):
                     patch(accelerator, name, fn)
+        # A library that keeps the current CUDA stream's handle per device at import (Unsloth's
+        # kernels, for its Triton launches) asks torch._C itself: the virtual stream's (a CPU
+        # build has no such function: it gets one for the trace).
+        patch(torch._C, "_cuda_getCurrentRawStream", lambda device=None: vc.current_stream.stream_id)
         # The process's accelerator is the virtual GPU (FSDP2's default mesh asks torch._C).
         if hasattr(torch._C, "_get_accelerator"):
             patch(torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda"))
