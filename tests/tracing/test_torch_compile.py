@@ -174,6 +174,29 @@ def test_a_compiled_cnn_runs_its_channels_last_convolutions_as_cudnn_does(mode):
     assert not [n for n in tr.meta["notes"] if "ran eagerly" in n]
 
 
+SEQUENTIAL_OF_OWN_BLOCKS = """
+import torch, torch.nn as nn
+SCALE = WIDTH / 64                      # a global of the script, read by the inlined forward
+class Block(nn.Module):
+    def __init__(s):
+        super().__init__(); s.l = nn.Linear(WIDTH, WIDTH)
+    def forward(s, x):
+        return torch.relu(s.l(x)) * SCALE
+model = torch.compile(nn.Sequential(Block(), Block()).cuda())   # Dynamo's root frame is torch's
+model(torch.randn(32, WIDTH, device="cuda")).sum().backward()
+"""
+
+
+def test_a_second_scripts_compile_reads_its_own_main_module():
+    """Dynamo reads an inlined function's globals through ``sys.modules["__main__"]`` and caches
+    that import for the process: the second script compiled read the first one's ``__main__``
+    stand-in, emptied by then, and its compile failed ("module has no attribute '__name__'")."""
+    for width in (64, 128):
+        tr = trace(SEQUENTIAL_OF_OWN_BLOCKS.replace("WIDTH", str(width)), {}, mode="fake", device=H100)
+        info = tr.meta["compile"]
+        assert info["graphs"] == 1 and info["failures"] == 0, tr.meta["notes"]
+
+
 GRAPH_BREAK = """
 import os, torch, torch.nn as nn
 class M(nn.Module):

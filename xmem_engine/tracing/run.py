@@ -69,7 +69,7 @@ from xmem_engine.tracing.steady import bind as steady_bind, steady_code
 from xmem_engine.tracing.host_memory import ENV as HOST_ENV, HostBudget, HostMemoryExceeded, gib
 from xmem_engine.tracing.fake.out_metas import out_variant_metas
 from xmem_engine.tracing.fake.shadow_values import Shadows
-from xmem_engine.tracing.compiler.torch_compile import COMPILE_MODES, CompiledCalls
+from xmem_engine.tracing.compiler.torch_compile import COMPILE_MODES, CompiledCalls, standing_in_for_main
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.shims.triton_launches import triton_launches
 from xmem_engine.tracing.user_state import UserState, is_plain
@@ -266,8 +266,7 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
                 with ScriptEnd() as script_end:  # os._exit and atexit kept inside the trace
                     os_exit = False
                     try:
-                        with patched_item(sys.modules, "__main__", main) if main is not None \
-                                else contextlib.nullcontext():
+                        with standing_in_for_main(main) if main is not None else contextlib.nullcontext():
                             run_user_code(code, scratch)
                     except SystemExit as e:  # ``sys.exit(main())`` at the end of a script, or ``os._exit``
                         if e.code not in (None, 0):

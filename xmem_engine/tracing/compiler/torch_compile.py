@@ -40,8 +40,10 @@ import functools
 import itertools
 import os
 import re
+import sys
 import traceback
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -49,7 +51,7 @@ import torch
 
 from xmem_engine.tracing.compiler.inductor_gpu import (answering_availability, availability, inductor_for_virtual_gpu,
                                               real_availability)
-from xmem_engine.tracing.patches import eager_compiled, patched_attr
+from xmem_engine.tracing.patches import eager_compiled, patched_attr, patched_item
 
 #: what ``torch.compile`` does under the tracer (``trace(compile=...)``, ``xmem estimate --compile``)
 COMPILE_MODES = ("inductor", "eager")
@@ -423,6 +425,33 @@ class VirtualGPUBackend:
         patches = {**self.inner.config, "triton.cudagraphs": False, "max_autotune": False,
                    "max_autotune_gemm": False, "max_autotune_pointwise": False}
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
+
+
+@contextlib.contextmanager
+def standing_in_for_main(main: types.ModuleType) -> Iterator[None]:
+    """``sys.modules["__main__"]`` is ``main`` (the traced script's module) for the block, and
+    Dynamo asks for it afresh on both sides: it keeps the modules it imports to read an inlined
+    function's globals in a process-wide ``functools.cache`` (``symbolic_convert._import_module``)
+    that ``torch._dynamo.reset`` leaves. The second trace that compiled code from its script read
+    the first one's stand-in, emptied when that trace ended ("module has no attribute
+    '__name__'": the advisor's compile lever after another script's)."""
+    from torch._dynamo import symbolic_convert
+
+    cached = getattr(symbolic_convert, "_import_module", None)
+    clear = getattr(cached, "cache_clear", lambda: None)
+    clear()
+    try:
+        with patched_item(sys.modules, "__main__", main):
+            yield
+    finally:
+        clear()
+        # and the alias Dynamo leaves in a root frame's module (``__import___main__`` in
+        # ``torch.nn.modules.container``'s globals when it compiled a Sequential of the
+        # script's blocks), which its next compile asserts is the module it imports now
+        for mod in list(sys.modules.values()):
+            scope = getattr(mod, "__dict__", None)
+            if type(scope) is dict and scope.get("__import___main__") is main:
+                del scope["__import___main__"]
 
 
 # ---------------------------------------------------------------- small helpers
