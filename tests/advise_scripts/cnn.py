@@ -1,4 +1,4 @@
-"""A VGG-style CNN trained with Adam. AMP, CKPT and ACCUM switch on, by hand, the changes
+"""A VGG-style CNN trained with Adam. AMP, CKPT, ACCUM and COMPILE switch on, by hand, the changes
 `xmem advise` measures (tests/cli/test_advisor.py)."""
 import torch
 import torch.nn as nn
@@ -10,6 +10,7 @@ AMP = False
 AMP_DTYPE = "float16"  # "bfloat16" where the GPU has it (no GradScaler then)
 CKPT = False  # checkpoint each block of `features`
 ACCUM = 1  # micro-batches per optimizer step
+COMPILE = False  # torch.compile the model
 
 
 def block(cin, cout):
@@ -31,6 +32,7 @@ class Net(nn.Module):
 
 
 model = Net().cuda()
+step_model = torch.compile(model) if COMPILE else model
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 DTYPE = getattr(torch, AMP_DTYPE)
 scaler = torch.amp.GradScaler("cuda", enabled=AMP and DTYPE == torch.float16)
@@ -40,7 +42,7 @@ for step in range(2):
         x = torch.randn(micro, 3, 224, 224, device="cuda")
         y = torch.randint(0, 100, (micro,), device="cuda")
         with torch.autocast("cuda", dtype=DTYPE, enabled=AMP):
-            loss = F.cross_entropy(model(x), y) / ACCUM
+            loss = F.cross_entropy(step_model(x), y) / ACCUM
         scaler.scale(loss).backward()
         del x, y, loss  # nothing of this micro-batch outlives it
     scaler.step(opt)

@@ -28,6 +28,8 @@ def by_hand(lever: str, detail: str) -> tuple[dict[str, str], str | None]:
         return {}, "expandable_segments:True"
     if lever == "largest batch that fits":
         return {"batch_size": detail.rsplit("= ", 1)[1]}, None
+    if lever == "torch.compile":  # the CNN's (a CUDA build of torch compiles it)
+        return {"COMPILE": "True"}, None
     raise AssertionError(f"no hand-made version of {lever!r} in these scripts")
 
 
