@@ -156,3 +156,36 @@ def test_a_guessed_number_notes_each_use_once_and_stays_a_number():
     assert isinstance(f, FakeFloat) and round(f) == 2 and round(f, 1) == 2.5 and int(f) == 2
     with pytest.raises(BaseException, match="control flow"):
         bool(FakeFloat(1.0))  # no on_use: a value fake mode needs and does not have
+
+
+def test_a_guessed_number_is_copied_as_itself_and_pickled_as_a_plain_number():
+    """``dataclasses.asdict`` deep-copies floats it does not know (a Trainer's log_history at each
+    checkpoint): a copy must not reach through ``on_use`` into the trace's FakeTensorMode, whose
+    copied StorageWeakRefs free a weak reference twice (Unsloth's SFT run crashed at GC)."""
+    import copy
+    import dataclasses
+    import pickle
+
+    from xmem_engine.tracing.fake.placeholders import FakeFloat, FakeInt, placeholder
+
+    class Owner:  # stands for the trace's guesses: copying it is the bug
+        def __deepcopy__(self, memo):
+            raise AssertionError("the guesses were copied")
+
+        def on_use(self, what, value):
+            return value
+
+    loss = placeholder(torch.float32, 0.5, Owner().on_use)
+    step = placeholder(torch.int64, 7, Owner().on_use)
+
+    @dataclasses.dataclass
+    class State:
+        log_history: list
+
+    state = dataclasses.asdict(State([{"loss": loss, "step": step}]))
+    assert state["log_history"][0]["loss"] is loss and copy.copy(step) is step
+    assert copy.deepcopy([loss, step]) == [loss, step]
+    back = pickle.loads(pickle.dumps({"loss": loss, "step": step}))
+    assert back == {"loss": 0.5, "step": 7}
+    assert type(back["loss"]) is float and type(back["step"]) is int
+    assert not isinstance(back["loss"], FakeFloat) and not isinstance(back["step"], FakeInt)

@@ -75,6 +75,20 @@ def _guessed(base: type) -> type:
         def __index__(self) -> int:
             return _use(self, "Tensor.item() used as an index or size", int(plain(self)))
 
+        # A number is immutable: copies are the number itself. Why: ``on_use`` is bound to the
+        # trace's guesses, which hold the FakeTensorMode; ``copy.deepcopy`` (as
+        # ``dataclasses.asdict`` does on a Trainer's ``log_history`` at every checkpoint) would
+        # copy all of it, StorageWeakRefs included, whose copies free one weak reference twice
+        # (a crash at garbage collection).
+        def __copy__(self) -> Any:
+            return self
+
+        def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+            return self
+
+        def __reduce__(self) -> tuple[type, tuple[Any]]:
+            return base, (plain(self),)  # pickled (torch.save of a log): the plain number
+
     return Guessed
 
 
