@@ -1,5 +1,6 @@
 # The two commands of the README. Both set up .venv first (scripts/setup.sh).
-.PHONY: setup test test-torch-ends start cli-demo bench bench-setup paper-runs zoo finetune-setup test-finetune zoo-finetune
+.PHONY: setup test test-torch-ends start cli-demo bench bench-setup paper-runs zoo finetune-setup test-finetune zoo-finetune \
+	unsloth-setup test-unsloth zoo-unsloth
 
 setup:
 	@bash scripts/setup.sh
@@ -68,3 +69,20 @@ test-finetune: finetune-setup
 # The fine-tuning zoo (benchmarks/zoo/finetune/): every script estimated under an 8 GiB cap.
 zoo-finetune: finetune-setup
 	PYTHONPATH="$$PWD" .venv-ft/bin/python benchmarks/zoo.py --dir benchmarks/zoo/finetune --markdown
+
+# Unsloth (issue #31) in an environment of its own: it pins transformers <= 5.17 and trl <= 1.15
+# and patches them, peft and TRL when imported, so it cannot share .venv-ft. PyPI's default Linux
+# torch wheel (a CUDA build, no driver here). Its test runs `xmem estimate` on Unsloth's QLoRA
+# notebook in a child process; the check below keeps a failed install from passing as a skip.
+UNSLOTH_PINS = "torch==2.14.1" "unsloth==2026.10.9" "unsloth_zoo==2026.10.9" "transformers==5.17.0" "trl==1.15.0" \
+	"peft==0.21.2" "bitsandbytes==0.50.2" "datasets>=3.0" "pytest>=8" "numpy>=1.24" "tqdm>=4.60"
+unsloth-setup:
+	@test -x .venv-unsloth/bin/python || python3 -m venv .venv-unsloth
+	.venv-unsloth/bin/pip install --quiet --disable-pip-version-check $(UNSLOTH_PINS) 2>&1 | grep -v "^WARNING: Location" || true
+	@.venv-unsloth/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('unsloth') is None and 'unsloth did not install')"
+
+test-unsloth: unsloth-setup
+	PYTHONPATH="$$PWD" .venv-unsloth/bin/python -m pytest -q -p no:cacheprovider tests/unsloth
+
+zoo-unsloth: unsloth-setup
+	PYTHONPATH="$$PWD" .venv-unsloth/bin/python benchmarks/zoo.py --dir benchmarks/zoo/finetune --only unsloth_qlora --markdown

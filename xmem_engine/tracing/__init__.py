@@ -123,6 +123,7 @@ The spine, here:
                       not compiled or run; the tensors they write lose their known values
 ``generation.py``     ``generate()`` at its worst: every beam to ``max_new_tokens``
 ``transformers_tracing.py``  transformers' "is this tensor traced?" answered as on a GPU
+``unsloth_checks.py``  Unsloth's untrained-token check (reads weights' values) skipped on fake weights
 
 ``compiler/``: ``torch.compile`` for the target GPU
 

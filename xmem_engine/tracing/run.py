@@ -72,6 +72,7 @@ from xmem_engine.tracing.fake.shadow_values import Shadows
 from xmem_engine.tracing.compiler.torch_compile import COMPILE_MODES, CompiledCalls, standing_in_for_main
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.shims.triton_launches import triton_launches
+from xmem_engine.tracing.shims.unsloth_checks import unsloth_checks
 from xmem_engine.tracing.user_state import UserState, is_plain
 from xmem_engine.tracing.virtual_cuda import patched_cuda
 
@@ -418,6 +419,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(bitsandbytes_on_gpu(tracer))  # 4/8-bit parameters and optimizers
         stack.enter_context(generation_in_fake_mode(tracer, stack))  # generate(): to max_new_tokens, steps made
         stack.enter_context(fake_tensors_are_not_traced(tracer, stack))  # masks dropped as on a GPU
+        stack.enter_context(unsloth_checks(tracer, stack))  # its untrained-token check reads weights
         stack.enter_context(fresh_singletons(stack))  # accelerate's state: a new process's, then the user's
         if tracer.fake:
             # FakeTensorMode logs every failing meta kernel (a user's shape error) with a
