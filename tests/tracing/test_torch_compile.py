@@ -481,3 +481,49 @@ def test_pad_mm_times_a_misaligned_half_matmul_and_pads_it():
     fp32 = trace(HEAD.replace('dtype=torch.bfloat16', 'enabled=False'), {}, mode="fake", device=H100)
     # float32 is left as it is
     assert not any(e.kind == "alloc" and e.bytes == 4096 * 50264 * 4 for e in fp32.events)
+
+
+def test_inductors_memory_planning_carves_buffers_out_of_pools():
+    """``config.memory_planning`` (Unsloth compiles with it; Inductor plans inference graphs so):
+    the wrapper allocates a few pools and takes its buffers as views of them
+    (``alloc_from_pool``); the trace holds the pools, in the wrapper's order, and nothing else."""
+    src = """
+import torch, torch.nn as nn
+import torch._inductor.config as config
+config.memory_planning = True
+model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 64)).cuda()
+step = torch.compile(model)
+x = torch.randn(32, 64, device="cuda")
+with torch.no_grad():
+    for i in range(2):
+        y = step(x)
+"""
+    tr = trace(src, {}, mode="fake", device=H100)
+    info = tr.meta["compile"]
+    assert not info["eager"] and info["graphs"] == 1
+    (wrapper,) = info["wrappers"]
+    assert "alloc_from_pool(" in open(wrapper).read()
+    pools = _buffers(wrapper)
+    got = [shape for shape, op in _allocs(tr, 0, "forward") if op == "aten.empty_strided.default"]
+    assert pools and got == pools * 2  # two calls (the other allocation: the kernel's first-launch timing)
+
+
+def test_a_compiled_call_that_raises_is_said_when_the_code_runs_something_else():
+    """Libraries catch a compiled call's error and fall back to eager code (Unsloth's block
+    compile does): the estimate is then of the fallback, and the notes say which call raised."""
+    src = """
+import torch
+def fast(x):
+    if x.shape[0] > 32:
+        raise ValueError("too many rows for the fast path")
+    return torch.relu(x).sum()
+compiled = torch.compile(fast)
+x = torch.randn(64, 64, device="cuda")
+try:
+    out = compiled(x)
+except ValueError:
+    out = x.clamp(min=0).sum()  # the library's eager path
+"""
+    tr = trace(src, {}, mode="fake", device=H100)
+    raised = [n for n in tr.meta["notes"] if "the compiled call raised under the tracer" in n]
+    assert len(raised) == 1 and "ValueError: too many rows for the fast path" in raised[0] and "<cell>:7" in raised[0]

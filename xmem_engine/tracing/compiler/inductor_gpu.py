@@ -126,7 +126,19 @@ def virtualize_wrapper(mod: types.ModuleType) -> None:
         base, size, stride, base.storage_offset() + offset)
     if "copy_if_misaligned" in g:
         g["copy_if_misaligned"] = lambda t: t
+    if "alloc_from_pool" in g:  # config.memory_planning (Unsloth turns it on): buffers carved out of pools
+        g["alloc_from_pool"] = alloc_from_pool
     g["assert_alignment"] = lambda *a, **k: None
+
+
+def alloc_from_pool(pool: torch.Tensor, offset_bytes: int, dtype: torch.dtype, size: Any, stride: Any) -> torch.Tensor:
+    """``torch.ops.inductor._alloc_from_pool`` as views: a ``dtype`` tensor over the pool's bytes
+    from ``offset_bytes``. The C++ op builds a raw TensorImpl over the storage, which for a fake
+    pool is a meta tensor that the next op refuses ("found two devices, cpu and meta"); views
+    allocate nothing, and keep the pool alive as long as the buffer, as on the GPU."""
+    raw = pool.view(torch.uint8).reshape(-1)
+    typed = raw[:raw.numel() // dtype.itemsize * dtype.itemsize].view(dtype)
+    return torch.as_strided(typed, size, stride, offset_bytes // dtype.itemsize)
 
 
 class _CudaToCpu(torch.utils._python_dispatch.TorchDispatchMode):

@@ -283,9 +283,13 @@ class CompiledCalls:
             if not self.on_gpu(eager, args, kwargs):
                 return eager(*args, **kwargs)
             breaks = _graph_breaks()
-            with without_function_mode(mode), _flag(t, "in_dynamo"), hooks_off(t), real_availability(), \
-                    self.functions_for_dynamo():
-                out = fn(*args, **kwargs)
+            try:
+                with without_function_mode(mode), _flag(t, "in_dynamo"), hooks_off(t), real_availability(), \
+                        self.functions_for_dynamo():
+                    out = fn(*args, **kwargs)
+            except Exception as e:
+                self.raised(where, e)
+                raise
             if where not in self.record.where and where not in self.record.skipped:
                 self.record.skipped.append(where)
             new = _graph_breaks() - breaks
@@ -295,6 +299,17 @@ class CompiledCalls:
 
         call.__wrapped__ = fn  # type: ignore[attr-defined]
         return call
+
+    def raised(self, where: str, e: BaseException) -> None:
+        """A compiled call that raised is said once: the code may catch it and run something else
+        (Unsloth's block compile falls back to its eager forward), which the estimate is then of."""
+        if _dynamo_control_flow(e) or "StopRecomputation" in type(e).__name__:
+            return  # Dynamo restarting, or a checkpoint's recomputation ending: not a failure
+        text = (f"torch.compile at {where}: the compiled call raised under the tracer ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200] if str(e).strip() else ''}); if the code caught it, what it ran "
+                "instead is what the estimate holds")
+        if text not in self.record.failures:
+            self.record.failures.append(text)
 
     @contextlib.contextmanager
     def functions_for_dynamo(self) -> Iterator[None]:
