@@ -82,7 +82,7 @@ unsloth-setup:
 	@.venv-unsloth/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('unsloth') is None and 'unsloth did not install')"
 
 test-unsloth: unsloth-setup
-	PYTHONPATH="$$PWD" .venv-unsloth/bin/python -m pytest -q -p no:cacheprovider tests/unsloth
+	PYTHONPATH="$$PWD" .venv-unsloth/bin/python -m pytest -q -p no:cacheprovider tests/unsloth_notebook
 
 zoo-unsloth: unsloth-setup
 	PYTHONPATH="$$PWD" .venv-unsloth/bin/python benchmarks/zoo.py --dir benchmarks/zoo/finetune --only unsloth_qlora --markdown

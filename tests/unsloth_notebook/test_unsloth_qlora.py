@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("unsloth") is None:
+_spec = importlib.util.find_spec("unsloth")
+if _spec is None or _spec.origin is None:  # not installed (a namespace package is not Unsloth)
     pytest.skip("unsloth is not installed (make test-unsloth sets up .venv-unsloth)", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
