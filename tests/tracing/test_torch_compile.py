@@ -527,3 +527,58 @@ except ValueError:
     tr = trace(src, {}, mode="fake", device=H100)
     raised = [n for n in tr.meta["notes"] if "the compiled call raised under the tracer" in n]
     assert len(raised) == 1 and "ValueError: too many rows for the fast path" in raised[0] and "<cell>:7" in raised[0]
+
+
+def test_code_dynamo_leaves_to_python_allocates_on_the_virtual_gpu():
+    """A ``torch.compiler.disable``d function inside a compiled call runs eagerly, between graphs,
+    without the device mode: its ``torch.empty(device=x.device)`` (which asked for a driver) and a
+    custom op's fake kernel that allocates on its input's device (Unsloth's NF4 dequantize) are
+    allocations on the virtual GPU, as on the GPU."""
+    src = """
+import torch
+
+@torch.library.custom_op("xmemtest::scale", mutates_args=())
+def scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+@scale.register_fake
+def _(x):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+@torch.compiler.disable
+def helper(x):
+    buf = torch.empty(x.shape[0], 1024, device=x.device)
+    return scale(x @ buf[:, :x.shape[1]].t())
+
+def f(x):
+    return (helper(torch.relu(x) * 2) + 1).sum()
+
+out = torch.compile(f)(torch.randn(64, 64, device="cuda"))
+assert out.device.type == "cuda" and out.is_cuda
+"""
+    tr = trace(src, {}, mode="fake", device=H100)
+    allocs = [(e.op, tuple(e.shape)) for e in tr.events if e.kind == "alloc"]
+    assert ("aten.empty.memory_format", (64, 1024)) in allocs  # the helper's buffer
+    assert ("aten.mm.default", (64, 64)) in allocs
+    assert ("xmemtest.scale.default", (64, 64)) in allocs  # the custom op's output, on the GPU
+    assert tr.meta["compile"]["graphs"] == 2
+    assert not [n for n in tr.meta["notes"] if "raised" in n]
+
+
+def test_alloc_from_pool_views_pools_of_any_layout():
+    """``alloc_from_pool`` over a byte pool at an offset, and over a pool Inductor made in the
+    buffer's own dtype with transposed strides (Unsloth's LoRA weights): views, no allocation."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from xmem_engine.tracing.compiler.inductor_gpu import alloc_from_pool
+
+    with FakeTensorMode():
+        pool = torch.empty(4096, dtype=torch.uint8)
+        a = alloc_from_pool(pool, 1024, torch.float16, (16, 32), (32, 1))
+        assert a.shape == (16, 32) and a.stride() == (32, 1) and a.dtype == torch.float16
+        assert a.storage_offset() == 512 and a.untyped_storage()._cdata == pool.untyped_storage()._cdata
+        transposed = torch.empty_strided((16, 512), (1, 16), dtype=torch.float16)
+        b = alloc_from_pool(transposed, 0, torch.float16, (16, 512), (1, 16))
+        assert b.stride() == (1, 16) and b.untyped_storage()._cdata == transposed.untyped_storage()._cdata
+        c = alloc_from_pool(transposed, 0, torch.float32, (8, 256), (256, 1))
+        assert c.dtype == torch.float32 and c.untyped_storage()._cdata == transposed.untyped_storage()._cdata

@@ -34,7 +34,7 @@ from xmem_engine.tracing.frames import as_torch_error, user_frame
 from xmem_engine.tracing.kernels.grad_accumulation import BackwardInPlace
 from xmem_engine.tracing.fake.guesses import BEFORE_FAKE
 from xmem_engine.tracing.host_memory import CHECK_BYTES
-from xmem_engine.tracing.scope import Device
+from xmem_engine.tracing.scope import CPU, CallScope, Device
 from xmem_engine.tracing.tracer import Tracer, tensors_in
 from xmem_engine.tracing.ops import register
 
@@ -164,6 +164,24 @@ class AllocMode(TorchDispatchMode):
         only the compiled artifact's runtime ops come here (``torch_compile.py``)."""
         return True
 
+    def _between_graphs(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        """An op of the code Dynamo leaves to Python inside a compiled call (a
+        ``torch.compiler.disable``d function, a custom op and its fake kernel, the call at a graph
+        break): it runs without the device mode (``torch_compile.py``), so it is placed here as the
+        device mode places it: a ``cuda`` device is the virtual GPU. Inside it, tensors report
+        their device as eager code sees it (a fake kernel's ``torch.empty(device=w.device)``)."""
+        tr = self.t
+        d = kwargs.get("device")
+        saved = tr.scope
+        if d is not None and torch.device(d).type == "cuda":
+            kwargs = {**kwargs, "device": CPU}
+            tr.scope = CallScope(Device.GPU, True, args, None, saved.category)
+        tr.in_dynamo = False
+        try:
+            return self.__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            tr.in_dynamo, tr.scope = True, saved
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is _PRIM_DEVICE and self.fake_errors:
             # C++ asks every fake tensor for its device (autograd does so per input; a third of
@@ -174,6 +192,8 @@ class AllocMode(TorchDispatchMode):
                 return dev
         if self.t.compiling:  # a compiler's own ops on its own fake tensors (Inductor's lazy backward)
             return func(*args, **(kwargs or {}))
+        if self.t.in_dynamo:
+            return self._between_graphs(func, types, args, kwargs or {})
         top = torch._C._len_torch_function_stack()
         if top and torch._C._get_function_stack_at(top - 1) is self.t.device_mode:
             # autograd's engine runs with the device mode on (DeviceMode.in_backward_engine):

@@ -136,9 +136,11 @@ def alloc_from_pool(pool: torch.Tensor, offset_bytes: int, dtype: torch.dtype, s
     from ``offset_bytes``. The C++ op builds a raw TensorImpl over the storage, which for a fake
     pool is a meta tensor that the next op refuses ("found two devices, cpu and meta"); views
     allocate nothing, and keep the pool alive as long as the buffer, as on the GPU."""
-    raw = pool.view(torch.uint8).reshape(-1)
-    typed = raw[:raw.numel() // dtype.itemsize * dtype.itemsize].view(dtype)
-    return torch.as_strided(typed, size, stride, offset_bytes // dtype.itemsize)
+    if pool.dtype != dtype:  # a byte pool (or another dtype's): the whole storage, seen as ``dtype``
+        whole = pool.as_strided((pool.untyped_storage().nbytes() // pool.element_size(),), (1,), 0)
+        raw = whole.view(torch.uint8)
+        pool = raw[:raw.numel() // dtype.itemsize * dtype.itemsize].view(dtype)
+    return torch.as_strided(pool, size, stride, offset_bytes // dtype.itemsize)
 
 
 class _CudaToCpu(torch.utils._python_dispatch.TorchDispatchMode):

@@ -17,8 +17,10 @@ torch-function stack (Dynamo would trace its handler into the graph) and the tra
 Inductor see a CUDA graph. The compiled graph's runtime (what a backend returns) runs with the
 device mode back on: ``empty_strided_cuda`` is a virtual-GPU allocation, as ``torch.empty`` is.
 Inductor's lazy backward compile happens inside ``backward()``; the tracer's modes let its
-compile-time ops through (``Tracer.compiling``). Code Dynamo leaves to Python between graphs (a
-graph break) runs without the device mode, so a graph break is named in the notes.
+compile-time ops through (``Tracer.compiling``). Code Dynamo leaves to Python inside a
+compiled call (a graph break's call, a ``torch.compiler.disable``d function, a custom op's fake
+kernel) runs without the device mode: the dispatch mode places its ops as the device mode
+would (``AllocMode._between_graphs``), and each graph break is named in the notes.
 
 What is not the GPU's
 ---------------------
