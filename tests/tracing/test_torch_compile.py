@@ -103,6 +103,12 @@ def test_the_trace_holds_exactly_the_wrappers_buffers():
     assert [op for _, op in _allocs(tr, 1, "forward")] == ["aten.empty_strided.default"] * len(forward)
     notes = [n for n in tr.meta["notes"] if n.startswith("torch.compile")]
     assert len(notes) == 1 and "compiled for the target GPU" in notes[0] and "<cell>:10" in notes[0]
+    # the CPU compile time counts Dynamo's capture too, not only the backend's (which a GPU pays alike)
+    took = re.search(r"the CPU compile took ([\d.]+) s: Dynamo's capture ([\d.]+) s, AOTAutograd and Inductor "
+                     r"([\d.]+) s", notes[0])
+    assert took and info["dynamo_seconds"] > 0 and info["seconds"] > 0, notes[0]
+    total, dynamo, backend = (float(g) for g in took.groups())
+    assert abs(total - dynamo - backend) <= 0.11 and backend == round(info["seconds"], 1)
 
 
 def test_a_compiled_transformer_allocates_as_inductors_output_code_says():

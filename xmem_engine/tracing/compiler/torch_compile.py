@@ -105,7 +105,9 @@ class CompileRecord:
     where: list[str] = field(default_factory=list)
     graphs: int = 0
     backward_graphs: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # AOTAutograd and Inductor (the backend), forward and backward graphs
+    outside_frames: float = 0.0  # of ``seconds``, the lazy backward compiles (inside ``backward()``)
+    frames: float | None = None  # Dynamo's frame compiles, the backend's forward compiles within
     graph_breaks: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     modes: set[str] = field(default_factory=set)
@@ -122,8 +124,18 @@ class CompileRecord:
     def as_json(self) -> dict:
         return {"where": list(self.where), "graphs": self.graphs, "backward_graphs": self.backward_graphs,
                 "seconds": round(self.seconds, 3), "graph_breaks": list(self.graph_breaks),
+                "dynamo_seconds": None if self.frames is None else round(self.frames + self.outside_frames - self.seconds, 3),
                 "failures": len(self.failures), "wrappers": list(self.wrappers), "skipped": list(self.skipped),
                 "eager": dict(self.eager), "comparable": self.comparable}
+
+    def took(self) -> str:
+        """How long compiling took on the CPU: Dynamo's capture (its frame compiles, recompiles
+        included) and the backend's, as a GPU machine spends it too before the first step."""
+        if self.frames is None or self.frames + self.outside_frames < self.seconds:
+            return f"the CPU compile took {self.seconds:.1f} s"
+        total = self.frames + self.outside_frames
+        return (f"the CPU compile took {total:.1f} s: Dynamo's capture {total - self.seconds:.1f} s, "
+                f"AOTAutograd and Inductor {self.seconds:.1f} s")
 
     def notes(self) -> list[str]:
         out = []
@@ -131,8 +143,8 @@ class CompileRecord:
             where = ", ".join(self.where) or "(library code)"
             bw = f" and {self.backward_graphs} backward" if self.backward_graphs else ""
             out.append(f"torch.compile at {where}: compiled for the target GPU by Inductor on the CPU "
-                       f"({self.graphs} graph{'s' if self.graphs != 1 else ''}{bw}; the CPU compile took "
-                       f"{self.seconds:.1f} s). The estimate is the compiled step's: Inductor's buffers and "
+                       f"({self.graphs} graph{'s' if self.graphs != 1 else ''}{bw}; {self.took()}). "
+                       "The estimate is the compiled step's: Inductor's buffers and "
                        "the partitioner's saved activations, and what the GPU's timings allocate in the first "
                        "step (pad_mm's real matrices while compiling; at each kernel's first launch an L2-sized "
                        "buffer and copies of what it writes). The timings' choices are fixed rules here: "
@@ -166,6 +178,7 @@ class CompiledCalls:
         self.virtual = availability()  # the tracer's answers (patched_cuda), for compiled code's runtime
         self.record = CompileRecord()
         self.installed = False
+        self.frames_from = 0  # Dynamo's frame compiles recorded before this trace compiled
         self.attention: Callable[..., Any] | None = None  # sdpa.compiled_attention for the target GPU
         self.unavailable = compile_unavailable()
 
@@ -259,6 +272,7 @@ class CompiledCalls:
                 self.t.vc.props, lambda mod: self.record.wrappers.append(getattr(mod, "__file__", "") or ""),
                 lambda steps: self.t.transients(PAD_MM_TIMING, steps)))
             self.stack.callback(self._forget)
+            self.frames_from = len(_frame_compile_times())
             self.installed = True
 
     def _forget(self) -> None:
@@ -267,6 +281,9 @@ class CompiledCalls:
         globals in weakref callbacks, which complain when ``reset`` has cleared them."""
         import gc
 
+        times = _frame_compile_times()
+        if len(times) >= self.frames_from:
+            self.record.frames = sum(times[self.frames_from:])
         gc.collect()
         torch._dynamo.reset()
 
@@ -432,8 +449,12 @@ class VirtualGPUBackend:
                 calls.record.backward_graphs += 1
             if calls.t.compiling:
                 return compile_fx_inner(*args, **kwargs)
-            with calls.compiling():  # the lazy backward compile, inside backward()
-                return compile_fx_inner(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                with calls.compiling():  # the lazy backward compile, inside backward()
+                    return compile_fx_inner(*args, **kwargs)
+            finally:
+                calls.record.outside_frames += time.perf_counter() - start
 
         # CUDA graphs (mode="reduce-overhead", transformers' static-cache generate()) capture and
         # replay on the real device; the compiled step runs without them (UNMODELLED_MODES says so).
@@ -549,6 +570,14 @@ def _dynamo_fakes(gm: torch.fx.GraphModule, example_inputs: list) -> list:
             e = v if isinstance(v, FakeTensor) and v.fake_mode is mode else mode.from_tensor(e)
         out.append(e)
     return out
+
+
+def _frame_compile_times() -> list[float]:
+    """Seconds of each Dynamo frame compile so far in this process (``dynamo_timed``'s record,
+    which ``torch._dynamo.reset`` clears)."""
+    from torch._dynamo import utils
+
+    return list(getattr(utils, "compilation_time_metrics", {}).get("_compile.compile_inner", []))
 
 
 def _dynamo_control_flow(e: BaseException) -> bool:
