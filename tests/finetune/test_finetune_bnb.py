@@ -329,3 +329,28 @@ def test_patches_are_undone_and_cost_nothing_without_bitsandbytes():
              bnb.functional.name2qmap, list(sys.meta_path))
     assert all(a is b for a, b in zip(before[:4], after[:4])) and before[4] == after[4]
     assert "_make_subclass" not in vars(torch.Tensor)
+
+
+def test_qdora_dequantizes_each_weight_for_its_norm(tiny_llama):
+    """DoRA on a 4-bit model (peft ``use_dora=True``, "QDoRA"): each adapted layer's magnitude
+    vector is a trainable parameter (one float32 per output feature), and each forward
+    dequantizes the 4-bit weight to take its norms (``dequantize_module_weight``): a temporary of
+    the whole weight in the compute dtype (bf16) per adapted layer, besides the matmul's own."""
+    src = QLORA.replace('task_type="CAUSAL_LM")', 'task_type="CAUSAL_LM", use_dora=True)')
+    tr = trace(src, {"MODEL_DIR": tiny_llama}, mode="fake")
+    assert tr.mode == "fake"
+    outs = [256, 128, 128, 256, 512, 512, 256] * 2  # q k v o gate up down (out, in), 2 layers
+    ins = [256, 256, 256, 256, 256, 256, 512] * 2
+    magnitudes = [e for e in tr.events if e.kind == "alloc" and e.category == "parameter"
+                  and "lora_magnitude_vector" in (e.module or "")]
+    assert sorted(e.bytes for e in magnitudes) == sorted(max(512, 4 * o) for o in outs)  # rounded up to 512
+    plain = trace(QLORA, {"MODEL_DIR": tiny_llama}, mode="fake")
+
+    def dequantized(t):
+        return sorted(e.bytes for e in t.events if e.kind == "alloc" and e.iteration == 1 and e.phase == "forward"
+                      and e.op == "bitsandbytes.dequantize_4bit.default" and e.bytes >= 2 * 128 * 256)
+
+    extra = list(dequantized(tr))
+    for b in dequantized(plain):
+        extra.remove(b)
+    assert sorted(extra) == sorted(2 * o * i for o, i in zip(outs, ins))  # one bf16 copy per layer, for its norm

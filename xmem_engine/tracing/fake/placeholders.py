@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import operator
+import os
+import sys
 from typing import Any, Callable
 
 import torch
@@ -40,12 +42,19 @@ def _plain(base: type) -> Callable[[Any], Any]:
     return int.__int__ if base is int else float.__float__
 
 
+#: where a comparison only formats the number: ``json``'s encoder asks ``o != o`` and ``o == inf``
+#: to spell NaN and Infinity (a Trainer's ``trainer_state.json`` holds the logged losses)
+_FORMATTING = (os.path.join("json", "encoder.py"),)
+
+
 def _compare(op: Callable[[Any, Any], Any], base: type) -> Callable[[Any, object], Any]:
     plain = _plain(base)
 
     def cmp(self: Any, other: object) -> Any:
+        if isinstance(other, (float, int)) and type(other) not in (float, int, bool):  # another guess:
+            other = float.__float__(other) if isinstance(other, float) else int.__int__(other)  # noted once
         result = op(plain(self), other)
-        if result is NotImplemented:
+        if result is NotImplemented or sys._getframe(1).f_code.co_filename.endswith(_FORMATTING):
             return result
         return _use(self, "Tensor.item() in a comparison", result)
 
