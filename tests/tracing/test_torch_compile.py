@@ -108,7 +108,7 @@ def test_the_trace_holds_exactly_the_wrappers_buffers():
                      r"([\d.]+) s", notes[0])
     assert took and info["dynamo_seconds"] > 0 and info["seconds"] > 0, notes[0]
     total, dynamo, backend = (float(g) for g in took.groups())
-    assert abs(total - dynamo - backend) <= 0.11 and backend == round(info["seconds"], 1)
+    assert abs(total - dynamo - backend) <= 0.16 and backend == round(info["seconds"], 1)  # three roundings
 
 
 def test_a_compiled_transformer_allocates_as_inductors_output_code_says():
@@ -588,3 +588,21 @@ def test_alloc_from_pool_views_pools_of_any_layout():
         assert b.stride() == (1, 16) and b.untyped_storage()._cdata == transposed.untyped_storage()._cdata
         c = alloc_from_pool(transposed, 0, torch.float32, (8, 256), (256, 1))
         assert c.dtype == torch.float32 and c.untyped_storage()._cdata == transposed.untyped_storage()._cdata
+
+
+def test_a_compiled_functions_buffers_are_not_inputs():
+    """Outside any module, data the code puts on the GPU (``torch.randn(..., device="cuda")``) is
+    "input"; the buffers of a compiled function (Inductor's ``empty_strided_cuda``) and of code
+    between its graphs are not, as the same function's eager ops are not."""
+    src = """
+import torch
+def f(x):
+    return (torch.relu(x) * 2 + 1).sum(dim=0)
+x = torch.randn(64, 64, device="cuda")
+y = torch.compile(f)(x)
+z = f(x)
+"""
+    tr = trace(src, {}, mode="fake", device=H100)
+    cats = [(e.op, e.category.value) for e in tr.events if e.kind == "alloc"]
+    assert cats[0] == ("aten.randn.default", "input")
+    assert all(c != "input" for _, c in cats[1:]), cats

@@ -175,7 +175,7 @@ class AllocMode(TorchDispatchMode):
         saved = tr.scope
         if d is not None and torch.device(d).type == "cuda":
             kwargs = {**kwargs, "device": CPU}
-            tr.scope = CallScope(Device.GPU, True, args, None, saved.category)
+            tr.scope = CallScope(Device.GPU, False, args, None, saved.category)  # a library's buffer, not input
         tr.in_dynamo = False
         try:
             return self.__torch_dispatch__(func, types, args, kwargs)

@@ -85,6 +85,9 @@ class DeviceMode(TorchFunctionMode):
     def __init__(self, tracer: Tracer):
         super().__init__()
         self.t = tracer
+        # while compiled code runs (``torch_compile.CompiledCalls.runtime``): its ``cuda``
+        # factories are Inductor's buffers, not data the user put on the GPU (category "input")
+        self.compiled_code = False
         self.special: dict[Any, Callable] = dict.fromkeys(_metadata_reads(), _call)
         self.special.update({
             _T.device.__get__: self._device,
@@ -147,7 +150,8 @@ class DeviceMode(TorchFunctionMode):
                 target = Device.GPU if d.type == "cuda" else Device.HOST
         # Inlined Tracer.call_scope: this runs for every torch function the code calls.
         saved = tr.scope
-        tr.scope = CallScope(target, target is Device.GPU, args, None, saved.category)  # a category holds inside
+        tr.scope = CallScope(target, target is Device.GPU and not self.compiled_code, args, None,
+                             saved.category)  # a category holds inside
         try:
             out = func(*args, **kwargs)
         finally:

@@ -383,8 +383,10 @@ class CompiledCalls:
         def run(*args: Any, **kwargs: Any) -> Any:
             mode = tracer.device_mode
             if mode.on_stack():
-                return fn(*args, **kwargs)
-            with answering_availability(virtual), hooks_off(tracer, False), _flag(tracer, "in_dynamo", False), mode:
+                with _flag(mode, "compiled_code"):
+                    return fn(*args, **kwargs)
+            with answering_availability(virtual), hooks_off(tracer, False), _flag(tracer, "in_dynamo", False), \
+                    _flag(mode, "compiled_code"), mode:
                 return fn(*args, **kwargs)
 
         if getattr(fn, "_boxed_call", False):
