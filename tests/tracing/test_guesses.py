@@ -196,14 +196,10 @@ def test_writing_a_guessed_number_as_json_is_not_a_use():
     itself and with infinity to spell NaN: formatting, not control flow, so no guess is noted."""
     import json
 
+    from xmem_engine.tracing.fake.placeholders import placeholder
+
     used: list[str] = []
-    loss = placeholder_for_test(used)
+    loss = placeholder(torch.float32, 0.5, lambda what, value: (used.append(what), value)[1])
     assert json.dumps({"loss": loss, "log": [loss]}, indent=2, sort_keys=True).count("0.5") == 2
     assert used == []
     assert loss > 0.1 and used == ["Tensor.item() in a comparison"]  # the code's own comparison still is
-
-
-def placeholder_for_test(used: list[str]):
-    from xmem_engine.tracing.fake.placeholders import placeholder
-
-    return placeholder(torch.float32, 0.5, lambda what, value: (used.append(what), value)[1])

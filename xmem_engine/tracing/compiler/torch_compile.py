@@ -124,17 +124,25 @@ class CompileRecord:
     def as_json(self) -> dict:
         return {"where": list(self.where), "graphs": self.graphs, "backward_graphs": self.backward_graphs,
                 "seconds": round(self.seconds, 3), "graph_breaks": list(self.graph_breaks),
-                "dynamo_seconds": None if self.frames is None else round(self.frames + self.outside_frames - self.seconds, 3),
+                "dynamo_seconds": None if self.dynamo_seconds is None else round(self.dynamo_seconds, 3),
                 "failures": len(self.failures), "wrappers": list(self.wrappers), "skipped": list(self.skipped),
                 "eager": dict(self.eager), "comparable": self.comparable}
 
-    def took(self) -> str:
-        """How long compiling took on the CPU: Dynamo's capture (its frame compiles, recompiles
-        included) and the backend's, as a GPU machine spends it too before the first step."""
+    @property
+    def dynamo_seconds(self) -> float | None:
+        """Dynamo's own share of compiling (its frame compiles, recompiles included, less the
+        backend's); None where its record is missing or was cleared (a ``torch._dynamo.reset()``
+        in the user's code)."""
         if self.frames is None or self.frames + self.outside_frames < self.seconds:
+            return None
+        return self.frames + self.outside_frames - self.seconds
+
+    def took(self) -> str:
+        """How long compiling took on the CPU, as a GPU machine spends it too before the first step."""
+        dynamo = self.dynamo_seconds
+        if dynamo is None:
             return f"the CPU compile took {self.seconds:.1f} s"
-        total = self.frames + self.outside_frames
-        return (f"the CPU compile took {total:.1f} s: Dynamo's capture {total - self.seconds:.1f} s, "
+        return (f"the CPU compile took {dynamo + self.seconds:.1f} s: Dynamo's capture {dynamo:.1f} s, "
                 f"AOTAutograd and Inductor {self.seconds:.1f} s")
 
     def notes(self) -> list[str]:
@@ -324,9 +332,8 @@ class CompiledCalls:
         (Unsloth's block compile falls back to its eager forward), which the estimate is then of."""
         if _dynamo_control_flow(e) or "StopRecomputation" in type(e).__name__:
             return  # Dynamo restarting, or a checkpoint's recomputation ending: not a failure
-        text = (f"torch.compile at {where}: the compiled call raised under the tracer ({type(e).__name__}: "
-                f"{str(e).splitlines()[0][:200] if str(e).strip() else ''}); if the code caught it, what it ran "
-                "instead is what the estimate holds")
+        text = (f"torch.compile at {where}: the compiled call raised under the tracer ({_said(e)}); if the "
+                "code caught it, what it ran instead is what the estimate holds")
         if text not in self.record.failures:
             self.record.failures.append(text)
 
@@ -435,8 +442,7 @@ class VirtualGPUBackend:
             if os.environ.get("XMEM_DEBUG_COMPILE"):
                 traceback.print_exc()
             rec.failures.append(f"torch.compile at {self.where}: compiling for the target GPU failed "
-                                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
-                                "that graph ran eagerly")
+                                f"({_said(e)}); that graph ran eagerly")
             return self.calls.runtime(gm.forward)
         rec.graphs += 1
         return self.calls.runtime(fn)
@@ -580,6 +586,11 @@ def _frame_compile_times() -> list[float]:
     from torch._dynamo import utils
 
     return list(getattr(utils, "compilation_time_metrics", {}).get("_compile.compile_inner", []))
+
+
+def _said(e: BaseException) -> str:
+    """An error as a note quotes it: its type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e).strip() else ''}"
 
 
 def _dynamo_control_flow(e: BaseException) -> bool:
