@@ -15,6 +15,13 @@ Event kinds
 ``phase``          marker: the phase changes (``phase`` holds forward/backward/optimizer/other).
 ``empty_cache``    marker: the code called ``torch.cuda.empty_cache()``.
 ``reset_peak``     marker: the code called ``torch.cuda.reset_peak_memory_stats()``.
+``pool_begin``     requests on ``streams`` (none listed: on every stream) come from the private
+                   memory pool ``id`` (a number >= 1) until its ``pool_end``: a CUDA graph's
+                   capture, ``torch.cuda.use_mem_pool``, ``mode="reduce-overhead"``'s graphs.
+                   The pool is made at its first begin; each later begin is one more user.
+``pool_end``       requests go to the global pools again.
+``pool_release``   one user of pool ``id`` is gone (a graph deleted); once none is left its
+                   cached segments go at the next ``empty_cache``.
 
 Allocation categories
 ---------------------
@@ -49,6 +56,9 @@ class EventKind(Word):
     PHASE = "phase"
     EMPTY_CACHE = "empty_cache"
     RESET_PEAK = "reset_peak"
+    POOL_BEGIN = "pool_begin"
+    POOL_END = "pool_end"
+    POOL_RELEASE = "pool_release"
 
 
 class Category(Word):
@@ -90,9 +100,13 @@ ITERATION = EventKind.ITERATION
 PHASE = EventKind.PHASE
 EMPTY_CACHE = EventKind.EMPTY_CACHE
 RESET_PEAK = EventKind.RESET_PEAK
+POOL_BEGIN = EventKind.POOL_BEGIN
+POOL_END = EventKind.POOL_END
+POOL_RELEASE = EventKind.POOL_RELEASE
+POOL_KINDS = (POOL_BEGIN.value, POOL_END.value, POOL_RELEASE.value)
 
 EVENT_KINDS = tuple(k.value for k in EventKind)
-MARKER_KINDS = (ITERATION.value, PHASE.value, EMPTY_CACHE.value, RESET_PEAK.value)
+MARKER_KINDS = (ITERATION.value, PHASE.value, EMPTY_CACHE.value, RESET_PEAK.value) + POOL_KINDS
 CATEGORIES = tuple(c.value for c in Category)
 PHASES = tuple(p.value for p in Phase)
 MODES = tuple(m.value for m in Mode)
@@ -144,6 +158,8 @@ class TraceEvent:
                 raise ValueError(f"{k!r} must be a whole number, not {d[k]!r}")
         if kind in (ALLOC, FREE, RECORD_STREAM) and not (type(d.get("id")) is int and d["id"] >= 0):
             raise ValueError(f"every {kind!r} event needs an 'id' (a storage number >= 0)")
+        if kind in POOL_KINDS and not (type(d.get("id")) is int and d["id"] >= 1):
+            raise ValueError(f"every {kind!r} event needs an 'id' (a private pool number >= 1)")
         if kind == ALLOC and not (type(d.get("bytes")) is int and 0 <= d["bytes"] <= MAX_REQUEST_BYTES):
             raise ValueError(f"an 'alloc' event needs 'bytes' from 0 to {MAX_REQUEST_BYTES:,} (1 PiB), "
                              f"not {d.get('bytes')!r}")

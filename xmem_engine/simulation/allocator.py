@@ -140,15 +140,17 @@ class BlockPool:
     ordered by (stream, address).
     """
 
-    __slots__ = ("is_small", "free", "blocks", "unmapped", "get_free_blocks_call_count", "stats")
+    __slots__ = ("is_small", "free", "blocks", "unmapped", "get_free_blocks_call_count", "stats", "owner")
 
-    def __init__(self, is_small: bool):
+    def __init__(self, is_small: bool, stats: PoolStats | None = None, owner: "PrivatePool | None" = None):
         self.is_small = is_small
         self.free: dict[int, list[int]] = {}
         self.blocks: dict[int, Block] = {}  # key -> block
         self.unmapped: dict[int, list[int]] = {}  # stream -> sorted addresses
         self.get_free_blocks_call_count = 0
-        self.stats = PoolStats()  # the small_pool / large_pool statistics
+        # the small_pool / large_pool statistics (a private pool counts in its size class's)
+        self.stats = stats if stats is not None else PoolStats()
+        self.owner = owner  # the PrivatePool this belongs to (owner_PrivatePool), None: the global pools
 
     def insert(self, b: Block) -> None:
         key = b.key = (b.size << _ADDR_BITS) | b.addr
@@ -175,6 +177,29 @@ class BlockPool:
         return len(self.blocks)
 
 
+class PrivatePool:
+    """A CUDA graph's (or ``torch.cuda.MemPool``'s) own blocks (``PrivatePool`` in C++).
+
+    Allocations made while the pool is being allocated to (a graph capture on its stream,
+    ``use_mem_pool``, cudagraph trees' warmup) come from its two block pools and go back to
+    them: the global pools never serve them, nor they the global pools. Its cached segments
+    survive ``empty_cache`` until the pool's last user releases it (``use_count`` 0), then go
+    at the next ``empty_cache``. Statistics count in the global small/large rows, as in C++.
+    """
+
+    __slots__ = ("id", "small_blocks", "large_blocks", "use_count", "segment_count")
+
+    def __init__(self, pool_id: tuple[int, int], small: PoolStats, large: PoolStats):
+        self.id = pool_id
+        self.small_blocks = BlockPool(True, small, self)
+        self.large_blocks = BlockPool(False, large, self)
+        self.use_count = 1
+        self.segment_count = 0  # cudaMalloc_count: its live segments
+
+    def __repr__(self) -> str:
+        return f"PrivatePool({self.id}, use_count={self.use_count}, segments={self.segment_count})"
+
+
 @dataclass(eq=False)
 class ExpandableSegment:
     """One growing virtual range per (stream, pool) whose pages are mapped on demand."""
@@ -199,6 +224,7 @@ class Segment:
     stream: int
     is_small: bool
     head: Block | None = None  # the block at addr; next links reach every block
+    pool_id: tuple[int, int] = (0, 0)  # its private pool's id; (0, 0): the global pools
 
 
 class VirtualAddressSpace:
@@ -254,7 +280,8 @@ class CachingAllocator:
         "pending_frees", "total_allocated_memory", "set_fraction", "allowed_memory_maximum",
         "all_peak", "cur", "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
         "num_sync_all_streams", "oversize_allocations", "oversize_segments", "_max_split",
-        "_expandable", "_rounds", "_plain", "_active_mirrored", "_extras", "__dict__", "__weakref__",
+        "_expandable", "_rounds", "_plain", "_active_mirrored", "_extras", "graph_pools", "graph_pools_freeable",
+        "captures_underway", "__dict__", "__weakref__",
     )
 
     def __init__(
@@ -288,6 +315,11 @@ class CachingAllocator:
         small, large = self.small_blocks.stats, self.large_blocks.stats
         small.other, large.other = large, small
         self._pool_stats = (small, large)
+        # Private pools (CUDA graphs, MemPool): id -> pool; those whose users all released them;
+        # and the pools being allocated to, each with the streams it takes (None: every stream).
+        self.graph_pools: dict[tuple[int, int], PrivatePool] = {}
+        self.graph_pools_freeable: dict[tuple[int, int], PrivatePool] = {}
+        self.captures_underway: list[tuple[tuple[int, int], frozenset[int] | None]] = []
         self.segments: dict[int, Segment] = {}
         self.expandable_segments: list[ExpandableSegment] = []
         self.pending_frees: list[Block] = []  # freed blocks waiting for other streams
@@ -464,7 +496,8 @@ class CachingAllocator:
             size = self.round_size(orig_size)
         else:
             size = (orig_size + _ROUND_UP) & _ROUND_MASK  # up to a multiple of 512
-        pool = self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
+        pool = self.get_pool(size, stream) if self.captures_underway \
+            else self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
         sl = pool.free.get(stream)  # this stream's sorted free keys (None: nothing cached yet)
         block = None
         if self._plain:
@@ -484,7 +517,8 @@ class CachingAllocator:
             block = self.alloc_block(pool, size, alloc_size, stream, False)
             if block is None and self.release_available_cached_blocks(pool, size, stream):
                 block = self.alloc_block(pool, size, alloc_size, stream, False)
-            if block is None and self.release_cached_blocks():
+            # (not while a pool is allocated to: a capture cannot synchronise)
+            if block is None and not self.captures_underway and self.release_cached_blocks():
                 block = self.alloc_block(pool, size, alloc_size, stream, True)
             if block is None:
                 self._raise_oom(orig_size, alloc_size, stream)
@@ -591,6 +625,52 @@ class CachingAllocator:
                 self._record("alloc", block.addr, orig_size, block.stream)
         return block
 
+    def get_pool(self, size: int, stream: int) -> BlockPool:
+        """The pool a request of ``size`` (rounded) bytes on ``stream`` comes from: the first
+        private pool being allocated to that takes the stream, else the global one."""
+        for pool_id, streams in self.captures_underway:
+            if streams is None or stream in streams:
+                pp = self.graph_pools[pool_id]
+                return pp.small_blocks if size <= K_SMALL_SIZE else pp.large_blocks
+        return self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
+
+    # ------------------------------------------------------------------ private pools
+    def begin_allocate_to_pool(self, pool_id: tuple[int, int], streams: frozenset[int] | None = None) -> None:
+        """``beginAllocateToPool``: requests on ``streams`` (None: any) come from the private pool
+        ``pool_id`` (made here, or one more user of it) until :meth:`end_allocate_to_pool`."""
+        pool_id = tuple(pool_id)
+        if pool_id == (0, 0):
+            raise ValueError("private pool id (0, 0) is the global pools'")
+        if any(pid == pool_id for pid, _ in self.captures_underway):
+            raise ValueError(f"beginAllocateToPool: already allocating to pool {pool_id}")
+        pp = self.graph_pools.get(pool_id)
+        if pp is None:
+            self.graph_pools[pool_id] = PrivatePool(pool_id, *self._pool_stats)
+        else:
+            if pp.use_count == 0:  # released, then used again before it was freed
+                self.graph_pools_freeable.pop(pool_id, None)
+            pp.use_count += 1
+        self.captures_underway.append((pool_id, None if streams is None else frozenset(streams)))
+
+    def end_allocate_to_pool(self, pool_id: tuple[int, int]) -> None:
+        """``endAllocateToPool``: the pool's requests go to the global pools again."""
+        pool_id = tuple(pool_id)
+        for i, (pid, _) in enumerate(self.captures_underway):
+            if pid == pool_id:
+                del self.captures_underway[i]
+                return
+
+    def release_pool(self, pool_id: tuple[int, int]) -> None:
+        """``releasePool``: one user (a graph, a MemPool) is gone; at none, the pool's cached
+        segments are freed by the next ``empty_cache`` (its allocated blocks stay until freed)."""
+        pool_id = tuple(pool_id)
+        pp = self.graph_pools.get(pool_id)
+        if pp is None:
+            raise ValueError(f"releasePool: no private pool {pool_id}")
+        pp.use_count -= 1
+        if pp.use_count == 0:
+            self.graph_pools_freeable[pool_id] = pp
+
     def get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         if self.set_fraction and self.config.garbage_collection_threshold > 0.0:
             pool.get_free_blocks_call_count += 1
@@ -641,8 +721,7 @@ class CachingAllocator:
     def can_reuse(self, orig_size: int, stream: int = 0) -> bool:
         """Whether a malloc of ``orig_size`` would be served from the cache (no new memory)."""
         size = self.round_size(orig_size)
-        pool = self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
-        return self._best_fit(pool, size, stream) >= 0
+        return self._best_fit(self.get_pool(size, stream), size, stream) >= 0
 
     def should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
@@ -656,7 +735,7 @@ class CachingAllocator:
             self.num_alloc_retries += 1
         if self.set_fraction and self.total_allocated_memory + alloc_size > self.allowed_memory_maximum:
             return None
-        if self._expandable:
+        if self._expandable and pool.owner is None:  # (private pools take plain segments)
             return self.try_allocate_expandable_block(pool, size, stream)
         if self.capacity is not None and self.total_allocated_memory + alloc_size > self.capacity:
             return None
@@ -672,7 +751,12 @@ class CachingAllocator:
         if alloc_size >= self._max_split:
             self._bump(self.oversize_segments, 1)
         self.num_device_alloc += 1
-        self.segments[addr] = Segment(addr, alloc_size, stream, pool.is_small, block)
+        owner = pool.owner
+        if owner is None:
+            self.segments[addr] = Segment(addr, alloc_size, stream, pool.is_small, block)
+        else:
+            owner.segment_count += 1
+            self.segments[addr] = Segment(addr, alloc_size, stream, pool.is_small, block, owner.id)
         if self._history is not None:
             self._record("segment_alloc", addr, alloc_size, stream)
         return block
@@ -891,6 +975,8 @@ class CachingAllocator:
             self.oversize_segments[0] -= 1
         block.pool.erase(block)
         del self.segments[block.addr]
+        if block.pool.owner is not None:
+            block.pool.owner.segment_count -= 1
 
     def release_available_cached_blocks(self, pool: BlockPool, size: int, stream: int) -> bool:
         """Free cached oversize blocks (only with max_split_size set)."""
@@ -919,7 +1005,10 @@ class CachingAllocator:
     def release_cached_blocks(self) -> bool:
         """``empty_cache``: complete pending frees, then free every whole cached segment."""
         self.synchronize()
-        for pool in (self.large_blocks, self.small_blocks):
+        pools = [self.large_blocks, self.small_blocks]
+        for pp in self.graph_pools_freeable.values():  # private pools no one uses any more
+            pools += (pp.small_blocks, pp.large_blocks)
+        for pool in pools:
             to_unmap = []
             for block in list(pool):
                 if block.expandable is not None:
@@ -930,6 +1019,9 @@ class CachingAllocator:
                 self.unmap_block(block)
                 if block.prev is None and block.next is None and not block.mapped:
                     self.release_expandable_segment(block)
+        for pool_id, pp in list(self.graph_pools_freeable.items()):
+            if pp.segment_count == 0:
+                del self.graph_pools[pool_id], self.graph_pools_freeable[pool_id]
         return True
 
     def empty_cache(self) -> None:

@@ -67,6 +67,12 @@ class SimulationResult:
         return self.reserved_at_peak_bytes - self.peak_allocated_bytes
 
 
+def pool_key(pool: int) -> tuple[int, int]:
+    """The allocator's id of a trace's private pool number (``MempoolId_t``: (0, n), as
+    ``torch.cuda.graph_pool_handle()`` and ``MemPool`` number theirs)."""
+    return (0, pool)
+
+
 def simulate(
     trace: tr.Trace | list[tr.TraceEvent],
     config: AllocatorConfig | None = None,
@@ -144,6 +150,15 @@ def simulate(
             continue
         elif kind == tr.ITERATION:
             iterations.append(i)
+            continue
+        elif kind == tr.POOL_BEGIN:
+            alloc.begin_allocate_to_pool(pool_key(e.id), e.streams or None)
+            continue
+        elif kind == tr.POOL_END:
+            alloc.end_allocate_to_pool(pool_key(e.id))
+            continue
+        elif kind == tr.POOL_RELEASE:
+            alloc.release_pool(pool_key(e.id))
             continue
         else:
             continue

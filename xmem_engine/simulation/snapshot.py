@@ -182,7 +182,7 @@ def make_snapshot(alloc: CachingAllocator, device_trace: list[dict] | None = Non
             "requested_size": requested,
             "stream": stream,
             "segment_type": "small" if is_small else "large",
-            "segment_pool_id": (0, 0),
+            "segment_pool_id": alloc.segments[addr].pool_id if not expandable else (0, 0),
             "is_expandable": expandable,
             "frames": [],
             "blocks": out_blocks,
