@@ -163,11 +163,12 @@ for i in range(2):
 """
 
 
-@pytest.mark.parametrize("mode", ["None", '"max-autotune"'])
+@pytest.mark.parametrize("mode", ["None", '"max-autotune-no-cudagraphs"'])  # (max-autotune's graphs: test_cuda_graph_trees)
 def test_a_compiled_cnn_runs_its_channels_last_convolutions_as_cudnn_does(mode):
     """Inductor lays a training CNN's convolutions out channels-last and asserts the strides
     cuDNN gives; at batch 16 and more the CPU's kernel (NNPACK) gave NCHW and the step
-    stopped with an AssertionError. ``max-autotune`` compiles too (its benchmarking off)."""
+    stopped with an AssertionError. ``max-autotune`` compiles too (its benchmarking off); its CUDA
+    graphs would make the second step a recording (test_cuda_graph_trees.py)."""
     tr = trace(CNN.replace("MODE", mode), {}, mode="fake", device=H100)
     info = tr.meta["compile"]
     assert info["graphs"] == 1 and info["backward_graphs"] == 1 and info["failures"] == 0, tr.meta["notes"]

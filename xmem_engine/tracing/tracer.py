@@ -382,16 +382,16 @@ class Tracer:
             if self._busy:
                 self._pending_frees.append(key)
             else:
-                self._free(key)
+                self.free_storage(key)
 
         return cb
 
     def _drain(self) -> None:
         pending, self._pending_frees = self._pending_frees, []
         for key in pending:
-            self._free(key)
+            self.free_storage(key)
 
-    def _free(self, key: int) -> None:
+    def free_storage(self, key: int) -> None:  # (also where a CUDA graph replay writes over outputs still held)
         rec = self.live.pop(key, None)
         if rec is None or rec.event is None:
             return
@@ -416,7 +416,7 @@ class Tracer:
         old.ref = None  # type: ignore[assignment]
         if old.event is not None:
             self.live[key] = old
-            self._free(key)
+            self.free_storage(key)
         self.on_new_storage(func, t, st, key, nbytes)
 
     def storage_resized(self, st: torch.UntypedStorage) -> None:

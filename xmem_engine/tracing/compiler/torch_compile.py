@@ -28,7 +28,8 @@ Inductor's choices that a GPU makes by timing are made by fixed rules here: pad_
 half-precision matmuls whose sizes miss the tensor cores' multiple of 8 (an H200's timing chose
 so for GPT-2's head), ``max-autotune`` is off (ATen kernels, no template workspaces); neither
 pad_mm's nor Triton's autotuning timings run, but what they allocate on the GPU is allocated
-(``inductor_autotune.py``). ``mode="reduce-overhead"`` (CUDA graphs) runs without graphs.
+(``inductor_autotune.py``). ``mode="reduce-overhead"``'s CUDA graphs are not captured: their
+private memory pool, warm-up, recording and replays are (``cuda_graph_trees.py``).
 Each is said in the notes where the script asked for it.
 
 On a torch without Triton (the CPU wheel) Inductor cannot generate CUDA code: compiled code
@@ -51,6 +52,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from xmem_engine.tracing.compiler.cuda_graph_trees import GraphTreeRecord, GraphTrees
 from xmem_engine.tracing.compiler.inductor_gpu import (answering_availability, availability, inductor_for_virtual_gpu,
                                               real_availability)
 from xmem_engine.tracing.patches import eager_compiled, patched_attr, patched_item
@@ -63,9 +65,6 @@ PAD_MM_TIMING = "inductor.pad_mm_timing"  # the op name of pad_mm's timing alloc
 
 #: the torch.compile modes whose GPU behaviour is not modelled, and what the notes say of them
 UNMODELLED_MODES = {
-    "reduce-overhead": ("CUDA graphs (mode='reduce-overhead') are not modelled: the compiled step ran without them. "
-                        "On a GPU their private memory pool keeps the step's buffers between steps, which can "
-                        "hold more memory than this estimate"),
     "max-autotune": ("max-autotune's benchmarked kernel choices are not modelled: Inductor's default kernels "
                      "(ATen matmuls) were assumed; a GPU may pick Triton templates, whose workspaces differ"),
     "max-autotune-no-cudagraphs": ("max-autotune's benchmarked kernel choices are not modelled: Inductor's default "
@@ -114,6 +113,7 @@ class CompileRecord:
     wrappers: list[str] = field(default_factory=list)  # Inductor's generated output code, in load order
     skipped: list[str] = field(default_factory=list)  # called, but Dynamo made no graph of it
     eager: dict[str, str] = field(default_factory=dict)  # where torch.compile ran eagerly -> why
+    cuda_graphs: GraphTreeRecord = field(default_factory=GraphTreeRecord)  # mode="reduce-overhead"
 
     @property
     def comparable(self) -> bool:
@@ -126,7 +126,7 @@ class CompileRecord:
                 "seconds": round(self.seconds, 3), "graph_breaks": list(self.graph_breaks),
                 "dynamo_seconds": None if self.dynamo_seconds is None else round(self.dynamo_seconds, 3),
                 "failures": len(self.failures), "wrappers": list(self.wrappers), "skipped": list(self.skipped),
-                "eager": dict(self.eager), "comparable": self.comparable}
+                "eager": dict(self.eager), "comparable": self.comparable, "cuda_graphs": self.cuda_graphs.as_json()}
 
     @property
     def dynamo_seconds(self) -> float | None:
@@ -167,7 +167,7 @@ class CompileRecord:
         if skipped:
             out.append(f"torch.compile at {', '.join(skipped)}: Dynamo compiled no graph (this torch skips the "
                        "compiled code, e.g. torch's own nn modules before 2.11); it ran eagerly, as on the GPU")
-        out += self.failures
+        out += self.failures + self.cuda_graphs.notes()
         out += [UNMODELLED_MODES[m] for m in sorted(self.modes) if m in UNMODELLED_MODES]
         return out
 
@@ -185,6 +185,7 @@ class CompiledCalls:
         self.in_torch_compile = False  # torch.compile calls torch._dynamo.optimize itself
         self.virtual = availability()  # the tracer's answers (patched_cuda), for compiled code's runtime
         self.record = CompileRecord()
+        self.trees = GraphTrees(tracer, self.record.cuda_graphs)  # mode="reduce-overhead"'s CUDA graphs
         self.installed = False
         self.frames_from = 0  # Dynamo's frame compiles recorded before this trace compiled
         self.attention: Callable[..., Any] | None = None  # sdpa.compiled_attention for the target GPU
@@ -279,6 +280,7 @@ class CompiledCalls:
             self.stack.enter_context(inductor_for_virtual_gpu(
                 self.t.vc.props, lambda mod: self.record.wrappers.append(getattr(mod, "__file__", "") or ""),
                 lambda steps: self.t.transients(PAD_MM_TIMING, steps)))
+            self.stack.enter_context(self.trees.installed())
             self.stack.callback(self._forget)
             self.frames_from = len(_frame_compile_times())
             self.installed = True
@@ -464,11 +466,12 @@ class VirtualGPUBackend:
             finally:
                 calls.record.outside_frames += time.perf_counter() - start
 
-        # CUDA graphs (mode="reduce-overhead", transformers' static-cache generate()) capture and
-        # replay on the real device; the compiled step runs without them (UNMODELLED_MODES says so).
-        # A mode's own patches (max-autotune's) apply inside compile_fx, over inductor_gpu's
-        # settings: autotuning benchmarks on a device, so it stays off here too (the mode's note).
-        patches = {**self.inner.config, "triton.cudagraphs": False, "max_autotune": False,
+        # CUDA graphs (mode="reduce-overhead", transformers' static-cache generate()) are Inductor's
+        # to decide; the graphs it wraps run in GraphTrees' pool (cuda_graph_trees.py). A mode's own
+        # patches (max-autotune's) apply inside compile_fx, over inductor_gpu's settings: autotuning
+        # benchmarks on a device, so it stays off here too (the mode's note).
+        patches = {**self.inner.config, "triton.cudagraphs": bool(self.inner.config.get("triton.cudagraphs")),
+                   "max_autotune": False,
                    "max_autotune_gemm": False, "max_autotune_pointwise": False}
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
 
