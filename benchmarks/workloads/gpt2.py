@@ -19,7 +19,8 @@ optimizer_name = "AdamW"
 lr = 3e-4
 amp_dtype = None  # e.g. "bfloat16"
 checkpointing = False
-compiled = False  # torch.compile(model), default mode
+compiled = False  # torch.compile(model)
+compile_mode = None  # torch.compile's mode, e.g. "reduce-overhead" (CUDA graphs)
 iterations = 3
 seed = 0
 
@@ -28,7 +29,7 @@ model = GPT2(vocab_size=vocab_size, max_positions=max_positions, dim=dim, n_laye
              heads=n_heads, checkpointing=checkpointing).to(device)
 optimizer = make_optimizer(optimizer_name, model.parameters(), lr)
 if compiled:
-    model = torch.compile(model)
+    model = torch.compile(model, mode=compile_mode)
 tokens = torch.randint(0, vocab_size, (batch_size, seq_len), device=device)
 targets = torch.randint(0, vocab_size, (batch_size, seq_len), device=device)
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 # (first: it takes torch.accelerator's answers before this module patches them)
+from xmem_engine.tracing.cuda_graphs import VirtualCudaGraphs
 from xmem_engine.tracing.compiler import inductor_gpu  # noqa: F401
 from xmem_engine.tracing.kernels.autocast_policy import CudaAutocastPolicy
 from xmem_engine.tracing.patches import patched_attr
@@ -181,6 +182,7 @@ class VirtualCuda:
         # CUDA's autocast lists for the tensors on the virtual GPU (see _autocast_methods)
         self.autocast = CudaAutocastPolicy(on_device=tracer.is_gpu)
         self.autocast_depth = 0
+        self.graphs = VirtualCudaGraphs(self)  # the code's own CUDA graphs and memory pools
 
     # ------------------------------------------------------------ the patched API
     def functions(self) -> dict[str, Callable[..., Any]]:
@@ -290,7 +292,6 @@ class VirtualCuda:
             "get_device_properties": lambda device=None: p,
             "get_arch_list": lambda: [f"sm_{p.major}{p.minor}"],
             "is_bf16_supported": lambda including_emulation=True: p.major >= 8,
-            "is_current_stream_capturing": lambda: False,
             "synchronize": synchronize,
             "empty_cache": t.empty_cache,
             "memory_allocated": memory_allocated,
@@ -322,6 +323,7 @@ class VirtualCuda:
             "current_stream": lambda device=None: self.current_stream,
             "default_stream": lambda device=None: self.default_stream,
             "device": _DeviceContext,
+            **self.graphs.functions(),
         }
 
 
@@ -473,6 +475,8 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
                 patch(cuda_memory, name, fn)
             if hasattr(cuda_random, name):
                 patch(cuda_random, name, fn)
+            if hasattr(torch.cuda.graphs, name):  # (make_graphed_callables reads the module's own names)
+                patch(torch.cuda.graphs, name, fn)
         # torch.accelerator (2.6+) is the device-generic front of the same calls; on a CUDA
         # build without a GPU it would ask the driver, so it answers for the virtual GPU too.
         accelerator = getattr(torch, "accelerator", None)

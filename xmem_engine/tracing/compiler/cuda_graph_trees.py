@@ -38,8 +38,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from xmem_engine.simulation.simulate import pool_key
-from xmem_engine.trace import ALLOC, POOL_BEGIN, POOL_END, TraceEvent
+from xmem_engine.trace import ALLOC, POOL_BEGIN, POOL_END
+from xmem_engine.tracing.cuda_graphs import pool_event
 from xmem_engine.tracing.patches import patched_attr
 from xmem_engine.tracing.virtual_cuda import VirtualStream
 
@@ -83,7 +83,7 @@ class GraphTrees:
     def __init__(self, tracer: Any, record: GraphTreeRecord):
         self.t = tracer
         self.record = record
-        self.pool = 1  # the trace's private pool number (pool_begin events)
+        self.pool: int | None = None  # the trees' private pool number in the trace, taken at first use
         self.stream: VirtualStream | None = None  # the manager's side stream, made at first use
         self.outputs_of: dict[int, int] = {}  # storage key -> event id, of outputs made in the pool
 
@@ -150,17 +150,15 @@ class GraphTrees:
     @contextlib.contextmanager
     def _in_pool(self) -> Iterator[None]:
         t, vc = self.t, self.t.vc
-        if self.stream is None:
-            self.stream = VirtualStream()
-        t.events.append(TraceEvent(POOL_BEGIN, id=self.pool, phase=t.phase, iteration=t.iteration))
-        t.allocator.begin_allocate_to_pool(pool_key(self.pool))
+        if self.pool is None:
+            self.pool, self.stream = vc.graphs.new_pool(), VirtualStream()
+        pool_event(t, POOL_BEGIN, self.pool)  # the current thread's requests, on any stream
         prev, vc.current_stream = vc.current_stream, self.stream
         try:
             yield
         finally:
             vc.current_stream = prev
-            t.events.append(TraceEvent(POOL_END, id=self.pool, phase=t.phase, iteration=t.iteration))
-            t.allocator.end_allocate_to_pool(pool_key(self.pool))
+            pool_event(t, POOL_END, self.pool)
 
     def _managed(self, x: torch.Tensor) -> bool:
         """``x`` is an output of a graph, still in the pool (a static input of later graphs)."""
