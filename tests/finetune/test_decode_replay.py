@@ -144,7 +144,7 @@ def test_the_model_is_left_as_it_was(monkeypatch):
 
 STATIC = """
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, CompileConfig, LlamaConfig
 config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=500, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to("cuda").eval()
@@ -152,7 +152,7 @@ ids = torch.randint(3, 500, (3, 30))
 mask = torch.ones_like(ids)
 mask[1, :7] = 0  # left padding: the attention mask is a bias, padded to a multiple of 16
 out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=60, do_sample=False,
-                     cache_implementation="static")
+                     cache_implementation="static", compile_config=CompileConfig(mode="default"))
 """
 
 _IN_PROCESS = """
@@ -170,7 +170,9 @@ def test_a_static_cache_step_compiled_by_generate_is_made_too(monkeypatch):
     """transformers compiles a static cache's decode step (``get_compiled_call``): the compiled
     call is wrapped in turn, and the cache's length, a known count on the device, moves on in
     made steps. Each trace in a process of its own: Inductor's caches would make a second
-    compile in one process allocate less."""
+    compile in one process allocate less. (generate()'s own mode, "reduce-overhead", runs the step
+    under CUDA graphs, whose calls are not made: each writes over the last one's outputs in the
+    graphs' pool, so every step runs; test_finetune_generate checks it.)"""
     import json
     import os
     import subprocess

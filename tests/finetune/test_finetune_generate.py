@@ -117,6 +117,11 @@ def test_static_cache_is_allocated_once_at_its_full_length():
     assert {e.op for e in full} == {"aten.zeros.default"}  # StaticLayer.lazy_initialization's torch.zeros
     assert sum(e.bytes for e in _live_at_end(tr).values() if e in full) == 2 * L * KV * D * (P + NEW - 1) * B * 2
     assert not _cache_allocs(tr, B, P + NEW - 2)  # no growing copies
+    # generate() compiles the decode step with mode="reduce-overhead": CUDA graph trees warm it up,
+    # record it and replay it in their private pool (the static cache is a static input: not copied)
+    graphs = tr.meta["compile"]["cuda_graphs"]
+    assert graphs["graphs"] == graphs["recorded"] == 1 and graphs["replays"] == NEW - 3, graphs
+    assert not [e for e in full if e.stream != 0]  # the cache itself is the prefill's, outside the pool
 
 
 def _beam_cache(tr, width: int) -> list:
