@@ -122,3 +122,4 @@ def test_max_autotune_takes_cuda_graphs_too():
     info = t.meta["compile"]
     assert info["failures"] == 0 and info["cuda_graphs"]["recorded"] == info["cuda_graphs"]["graphs"] >= 2
     assert len(_pool_calls(t.events)) == 3 * info["cuda_graphs"]["graphs"]
+    assert any(n.startswith("CUDA graphs (mode='max-autotune'): ") for n in t.meta["notes"])

@@ -58,11 +58,13 @@ class GraphTreeRecord:
         return {"graphs": self.graphs, "recorded": self.recorded, "replays": self.replays,
                 "copied_inputs": self.copied_inputs, "skipped": list(self.skipped)}
 
-    def notes(self) -> list[str]:
+    def notes(self, modes: list[str] = ()) -> list[str]:
+        """``modes``: the torch.compile modes that asked for CUDA graphs, to name them."""
         out = []
         if self.graphs:
+            asked = " / ".join(f"mode='{m}'" for m in modes) or "triton.cudagraphs"
             out.append(
-                f"CUDA graphs (mode='reduce-overhead'): {self.graphs} graph{'s' if self.graphs != 1 else ''} "
+                f"CUDA graphs ({asked}): {self.graphs} graph{'s' if self.graphs != 1 else ''} "
                 f"in one private memory pool, as CUDA graph trees keep them ({self.recorded} captured, "
                 f"{self.replays} replays, {self.copied_inputs} input buffer{'s' if self.copied_inputs != 1 else ''} "
                 "copied into the pool). The rest of the step cannot reuse the pool's memory. Replays are counted as "

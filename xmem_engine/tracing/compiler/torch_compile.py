@@ -167,7 +167,7 @@ class CompileRecord:
         if skipped:
             out.append(f"torch.compile at {', '.join(skipped)}: Dynamo compiled no graph (this torch skips the "
                        "compiled code, e.g. torch's own nn modules before 2.11); it ran eagerly, as on the GPU")
-        out += self.failures + self.cuda_graphs.notes()
+        out += self.failures + self.cuda_graphs.notes(sorted(self.modes & {"reduce-overhead", "max-autotune"}))
         out += [UNMODELLED_MODES[m] for m in sorted(self.modes) if m in UNMODELLED_MODES]
         return out
 
