@@ -37,7 +37,7 @@ def _pool_calls(events) -> list[list[tr.TraceEvent]]:
 def test_each_graph_warms_up_records_and_replays_in_one_private_pool():
     t = _train()
     info = t.meta["compile"]["cuda_graphs"]
-    assert info == {"graphs": 2, "recorded": 2, "replays": 4, "copied_inputs": 3, "skipped": []}
+    assert info == {"graphs": 2, "recorded": 2, "replays": 4, "made": 0, "copied_inputs": 3, "skipped": []}
     calls = _pool_calls(t.events)
     assert len(calls) == 8  # forward and backward, four steps
     side = {e.stream for c in calls for e in c if e.kind == tr.ALLOC}
@@ -92,6 +92,29 @@ def test_a_replay_writes_over_the_outputs_the_code_still_holds():
     freed_before = {e.id for e in t.events[:[i for i, e in enumerate(t.events) if e.kind == tr.POOL_BEGIN][-1]]
                     if e.kind == tr.FREE}
     assert set(out_ids[:3]) <= freed_before  # each given back before the next call
+
+
+def _requests(t) -> list[tuple]:
+    """The events, each stream named by its order of appearance (stream numbers go on across traces)."""
+    streams: dict[int, int] = {}
+    return [(e.kind, e.bytes, streams.setdefault(e.stream, len(streams)), e.category, e.op, e.shape, e.dtype,
+             e.phase, e.iteration) for e in t.events]
+
+
+def test_replays_made_from_their_pattern_ask_what_run_ones_ask(monkeypatch, steps=7):
+    """Once two real replays of a graph agree, the later ones are made from their pattern
+    (graph_replays.py): the same requests, in the same order, as running them."""
+    held = HELD.replace("CALLS", str(steps))
+    made = trace(held, {}, mode="fake", device=H100)
+    assert made.meta["compile"]["cuda_graphs"]["made"] == steps - 4  # warm-up, recording, two real replays
+    # a training step's backward frees the saved tensors it is given: its replays always run
+    step = _train(steps=6)
+    assert step.meta["compile"]["cuda_graphs"]["made"] == 2  # the forward's steps 5 and 6
+    monkeypatch.setenv("XMEM_REPLAY_GRAPHS", "0")
+    run = trace(held, {}, mode="fake", device=H100)
+    assert run.meta["compile"]["cuda_graphs"]["made"] == 0
+    assert _requests(made) == _requests(run)
+    assert _requests(step) == _requests(_train(steps=6))
 
 
 MUTATES = """

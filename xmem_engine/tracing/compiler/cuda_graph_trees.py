@@ -39,6 +39,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from xmem_engine.trace import ALLOC, POOL_BEGIN, POOL_END
+from xmem_engine.tracing.compiler import graph_replays
+from xmem_engine.tracing.compiler.graph_replays import ReplayForm
 from xmem_engine.tracing.cuda_graphs import pool_event
 from xmem_engine.tracing.patches import patched_attr
 from xmem_engine.tracing.virtual_cuda import VirtualStream
@@ -51,11 +53,12 @@ class GraphTreeRecord:
     graphs: int = 0  # graphs run in the pool (Inductor wrapped them for CUDA graphs)
     recorded: int = 0  # of them, captured (called twice or more)
     replays: int = 0
+    made: int = 0  # of the replays, made from the pattern of the ones before (graph_replays.py)
     copied_inputs: int = 0  # input buffers made in the pool at recording
     skipped: list[str] = field(default_factory=list)  # Inductor's reasons for graphs it left out
 
     def as_json(self) -> dict:
-        return {"graphs": self.graphs, "recorded": self.recorded, "replays": self.replays,
+        return {"graphs": self.graphs, "recorded": self.recorded, "replays": self.replays, "made": self.made,
                 "copied_inputs": self.copied_inputs, "skipped": list(self.skipped)}
 
     def notes(self, modes: list[str] = ()) -> list[str]:
@@ -68,7 +71,8 @@ class GraphTreeRecord:
                 f"in one private memory pool, as CUDA graph trees keep them ({self.recorded} captured, "
                 f"{self.replays} replays, {self.copied_inputs} input buffer{'s' if self.copied_inputs != 1 else ''} "
                 "copied into the pool). The rest of the step cannot reuse the pool's memory. Replays are counted as "
-                "re-runs inside the pool: reserved memory is the GPU's, allocated memory during a replay is higher")
+                "re-runs inside the pool: reserved memory is the GPU's, allocated memory during a replay is higher"
+                + (f"; {self.made} replays were made from the pattern of the ones before, not run" if self.made else ""))
             if not self.recorded:
                 out.append("CUDA graphs: no graph was called twice, so none was captured; the estimate holds "
                            "their warm-up runs only (run two or more steps to see the captured step)")
@@ -116,9 +120,14 @@ class GraphTrees:
         calls = 0
         last: list[tuple[weakref.ref, int, int]] = []  # the last call's outputs: (storage, key, event id)
         said = False
+        # replays made from their pattern (graph_replays.py): the last real replay's form, the one
+        # both of the last two agreed on, or why this graph's replays cannot be made
+        seen: ReplayForm | None = None
+        form: ReplayForm | None = None
+        unmade: str | None = None if graph_replays.enabled() else "asked"
 
         def run(new_inputs: list) -> Any:
-            nonlocal calls, last, said
+            nonlocal calls, last, said, seen, form, unmade
             if any(isinstance(new_inputs[i], torch.Tensor) and not self._managed(new_inputs[i]) for i in mutated):
                 # the tree manager runs a graph that writes into an input it does not own eagerly,
                 # outside the pool (non_cudagraph_managed_mutation_hint)
@@ -141,7 +150,21 @@ class GraphTrees:
                 if calls == 2:
                     new_inputs = self._copy_inputs(new_inputs, static)
                     self.t.empty_cache()  # torch.cuda.graph's __enter__
-                out = model(new_inputs)
+                if form is not None:
+                    out = graph_replays.make(self.t, form, new_inputs, self.t.vc.device)
+                    new_inputs.clear()
+                    self.record.made += 1
+                else:
+                    keys = graph_replays.input_keys(new_inputs) if calls > 2 and unmade is None else None
+                    before = graph_replays.Before.of(self.t)
+                    out = model(new_inputs)
+                    if keys is not None:
+                        try:
+                            now = graph_replays.form_of(self.t, before, keys, out)
+                        except graph_replays.NotMade as e:
+                            unmade = str(e)
+                        else:
+                            form, seen = (now if now == seen else None), now
             last = self._made_here(out, {e.id for e in self.t.events[start:] if e.kind == ALLOC})
             return out
 
