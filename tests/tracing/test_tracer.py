@@ -846,3 +846,30 @@ def test_module_compile_is_noted_at_the_users_line(compile):
                {}, mode="fake", compile=compile)
     notes = [n for n in tr.meta.get("notes", []) if n.startswith("torch.compile")]
     assert len(notes) == 1 and notes[0].startswith("torch.compile at <cell>:3")
+
+
+_FIRST_TRACE = """
+import gc, sys
+from xmem_engine.tracing import trace
+from xmem_engine.tracing.virtual_cuda import VirtualCuda
+assert "torch._dynamo" not in sys.modules  # the process's first trace imports Dynamo
+t = trace("import torch\\nm = torch.nn.Linear(64, 64).cuda()\\nm(torch.randn(8, 64, device='cuda')).sum().backward()\\n",
+          {}, mode="fake")
+del t
+gc.collect()
+print(sum(isinstance(o, VirtualCuda) for o in gc.get_objects()))
+"""
+
+
+def test_the_first_trace_of_a_process_is_not_kept_alive():
+    """Dynamo reads torch.cuda's functions into its tables at import; imported first inside a trace,
+    it kept the virtual device's lambdas and with them the trace's device and tracer (its events)
+    for the life of the process (a notebook kernel). Run in a fresh process."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _FIRST_TRACE], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "0"

@@ -462,6 +462,11 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
     import torch.cuda.nvtx as nvtx
     import torch.cuda.random as cuda_random  # Trainer's checkpoints call torch.cuda.random.get_rng_state
 
+    # Dynamo reads torch.cuda's functions into its tables when first imported (constant folding,
+    # context managers); imported first inside a trace, it kept the virtual device's, and through
+    # them the first trace's device and tracer, for the life of the process. So it comes first.
+    import torch._dynamo  # noqa: F401
+
     stack = contextlib.ExitStack()
 
     def patch(mod: Any, name: str, fn: Any) -> None:
