@@ -40,6 +40,9 @@ def test_each_graph_warms_up_records_and_replays_in_one_private_pool():
     assert info == {"graphs": 2, "recorded": 2, "replays": 4, "made": 0, "copied_inputs": 3, "skipped": []}
     calls = _pool_calls(t.events)
     assert len(calls) == 8  # forward and backward, four steps
+    # the tree manager's empty capture, which makes the pool, empties the cache before the first warm-up
+    first = next(i for i, e in enumerate(t.events) if e.kind == tr.POOL_BEGIN)
+    assert t.events[first - 1].kind == tr.EMPTY_CACHE
     side = {e.stream for c in calls for e in c if e.kind == tr.ALLOC}
     assert len(side) == 1 and 0 not in side  # the tree manager's side stream
     outside = [e for e in t.events if e.kind == tr.ALLOC and e.stream != 0]

@@ -5,8 +5,9 @@ cudagraph_trees.py``, PyTorch 2.10-2.14). On a GPU, for each graph (forward, bac
 shape's own):
 
 - **one private memory pool** per device serves every graph of the process (the tree
-  manager's ``graph_pool_handle``); the rest of the step cannot use its cached blocks, nor it
-  theirs, and ``empty_cache`` leaves it alone while the graphs live;
+  manager's ``graph_pool_handle``, kept alive by an empty capture, whose ``torch.cuda.graph``
+  empties the cache when the first graph is first called); the rest of the step cannot use its
+  cached blocks, nor it theirs, and ``empty_cache`` leaves it alone while the graphs live;
 - **call 1 warms up**: the compiled code runs eagerly on the manager's side stream with every
   allocation routed to the pool (``_use_cuda_memory_pool_manager``);
 - **call 2 records**: inputs that are neither static (parameters, buffers, a backward's saved
@@ -175,8 +176,9 @@ class GraphTrees:
     @contextlib.contextmanager
     def _in_pool(self) -> Iterator[None]:
         t, vc = self.t, self.t.vc
-        if self.pool is None:
+        if self.pool is None:  # the tree manager is made: its pool kept alive by an empty capture,
             self.pool, self.stream = vc.graphs.new_pool(), VirtualStream()
+            t.empty_cache()  # whose torch.cuda.graph empties the cache
         pool_event(t, POOL_BEGIN, self.pool)  # the current thread's requests, on any stream
         prev, vc.current_stream = vc.current_stream, self.stream
         try:
