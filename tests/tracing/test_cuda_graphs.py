@@ -127,3 +127,17 @@ def test_make_graphed_callables_captures_forward_and_backward_into_one_pool():
     # the training steps replay: their only requests are the new inputs and the loss's sum
     ops = {e.op for e in t.events[last:] if e.kind == tr.ALLOC}
     assert ops <= {"aten.randn.default", "aten.sum.default", "aten.ones_like.default"}, ops
+
+
+def test_fake_tensors_data_pointers_are_not_the_users_warning():
+    """make_graphed_callables reads its inputs' data_ptr(), as code on a GPU may: FakeTensor's
+    deprecation warning about it is xmem's business (a fresh process: torch warns once)."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"from xmem_engine.tracing import trace\ntrace({GRAPHED!r}, {{}}, mode='fake')\n"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "data pointer of FakeTensor" not in run.stderr

@@ -375,6 +375,9 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="PyTorch was compiled without cuDNN")
         warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true but no accelerator")
+        # a GPU tensor's data_ptr() is the code's to ask (CUDA graphs, Triton launches); the fake
+        # tensors standing in for it are xmem's, so FakeTensor's deprecation is not the user's
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor is deprecated")
         # oneDNN kernels are a CPU choice (e.g. the LSTM's mkldnn_rnn_layer allocates a
         # workspace of its own); without them real CPU execution takes the same generic
         # paths as fake tensors.
