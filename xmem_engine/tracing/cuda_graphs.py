@@ -126,14 +126,15 @@ class VirtualCudaGraphs:
 
             def __enter__(self) -> None:
                 vc.tracer.empty_cache()
-                self.prev, vc.current_stream = vc.current_stream, self.stream
+                self.on_stream = vc.on_stream(self.stream)
+                self.on_stream.__enter__()
                 self.cuda_graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode)
 
             def __exit__(self, *exc: object) -> None:
                 try:
                     self.cuda_graph.capture_end()
                 finally:
-                    vc.current_stream = self.prev
+                    self.on_stream.__exit__(*exc)
 
         class MemPool:
             """``torch.cuda.MemPool``: a private pool of the code's own, one user while it lives."""

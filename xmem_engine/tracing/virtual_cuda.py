@@ -184,6 +184,10 @@ class VirtualCuda:
         self.autocast_depth = 0
         self.graphs = VirtualCudaGraphs(self)  # the code's own CUDA graphs and memory pools
 
+    def on_stream(self, stream: VirtualStream | None) -> "_StreamContext":
+        """``torch.cuda.stream(stream)``: the block's allocations go to ``stream`` (None: unchanged)."""
+        return _StreamContext(self, stream)
+
     # ------------------------------------------------------------ the patched API
     def functions(self) -> dict[str, Callable[..., Any]]:
         """Name -> replacement for ``torch.cuda.<name>`` (and ``torch.cuda.memory.<name>``)."""
@@ -274,7 +278,7 @@ class VirtualCuda:
             dump(snapshot(), filename)
 
         def stream(s: VirtualStream | None) -> _StreamContext:
-            return _StreamContext(self, s)
+            return self.on_stream(s)
 
         def set_stream(s: VirtualStream) -> None:
             self.current_stream = s

@@ -18,7 +18,8 @@ shape's own):
   again, and the previous call's outputs the code still holds are overwritten.
 
 Here no graph is captured. :class:`GraphTrees` stands in for ``cudagraphify``: every call runs
-the compiled code (as eager code runs under the tracer) on the side stream inside the pool
+the compiled code (as eager code runs under the tracer; replays, once two agree, are made from
+their pattern instead: ``graph_replays.py``) on the side stream inside the pool
 (``pool_begin`` / ``pool_end`` trace events), call 2 copies the inputs and empties the cache
 first, and from call 2 on the previous call's outputs still held are given back before the
 call, so a replay's requests land on the blocks its recording used: the pool's reserved
@@ -33,6 +34,7 @@ without the pool, as on the GPU, and are named in the notes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -59,8 +61,7 @@ class GraphTreeRecord:
     skipped: list[str] = field(default_factory=list)  # Inductor's reasons for graphs it left out
 
     def as_json(self) -> dict:
-        return {"graphs": self.graphs, "recorded": self.recorded, "replays": self.replays, "made": self.made,
-                "copied_inputs": self.copied_inputs, "skipped": list(self.skipped)}
+        return dataclasses.asdict(self)
 
     def notes(self, modes: list[str] = ()) -> list[str]:
         """``modes``: the torch.compile modes that asked for CUDA graphs, to name them."""
@@ -157,7 +158,7 @@ class GraphTrees:
                     self.record.made += 1
                 else:
                     keys = graph_replays.input_keys(new_inputs) if calls > 2 and unmade is None else None
-                    before = graph_replays.Before.of(self.t)
+                    before = graph_replays.Before.of(self.t) if keys is not None else None
                     out = model(new_inputs)
                     if keys is not None:
                         try:
@@ -180,11 +181,10 @@ class GraphTrees:
             self.pool, self.stream = vc.graphs.new_pool(), VirtualStream()
             t.empty_cache()  # whose torch.cuda.graph empties the cache
         pool_event(t, POOL_BEGIN, self.pool)  # the current thread's requests, on any stream
-        prev, vc.current_stream = vc.current_stream, self.stream
         try:
-            yield
+            with vc.on_stream(self.stream):
+                yield
         finally:
-            vc.current_stream = prev
             pool_event(t, POOL_END, self.pool)
 
     def _managed(self, x: torch.Tensor) -> bool:
