@@ -500,6 +500,7 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
                 "set_device_index": lambda device, *a, **k: fns["set_device"](device),
                 "set_device_idx": lambda device, *a, **k: fns["set_device"](device),
                 "current_stream": lambda *a, **k: vc.current_stream,
+                "device_index": _DeviceContext,
                 "get_device_capability": lambda *a, **k: (vc.props.major, vc.props.minor),
             }
             for name in ("synchronize", "empty_cache", "memory_allocated", "max_memory_allocated",
