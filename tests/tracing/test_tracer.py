@@ -163,6 +163,24 @@ torch.cuda.synchronize()
     assert len(rec) == 1 and rec[0].id == a.id and rec[0].streams == (b.stream,)
 
 
+def test_stream_functions_take_torchs_keyword_names():
+    """timm's prefetching loader calls ``torch.cuda.stream(stream=s)``; a stand-in named its
+    parameter otherwise, and timm's ``train.py`` stopped at its first batch."""
+    src = """
+import torch
+from functools import partial
+s = torch.cuda.Stream()
+with partial(torch.cuda.stream, stream=s)():
+    b = torch.empty(256, device="cuda")
+torch.cuda.set_stream(stream=s)
+c = torch.empty(64, device="cuda")
+torch.cuda.set_stream(torch.cuda.default_stream())
+"""
+    tr = trace(src, {}, mode="fake")
+    b, c = allocs(tr)
+    assert b.stream == c.stream != 0
+
+
 @pytest.mark.parametrize("mode", ["fake", "real"])
 def test_raw_streams_and_pinned_host_buffers_need_no_driver(mode):
     """Libraries that keep CUDA's raw stream handles (Unsloth's kernels, at import) or stage

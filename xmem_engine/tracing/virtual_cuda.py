@@ -277,11 +277,12 @@ class VirtualCuda:
 
             dump(snapshot(), filename)
 
-        def stream(s: VirtualStream | None) -> _StreamContext:
-            return self.on_stream(s)
+        # (parameter names as torch's: timm's prefetcher calls torch.cuda.stream(stream=s))
+        def stream(stream: VirtualStream | None) -> _StreamContext:
+            return self.on_stream(stream)
 
-        def set_stream(s: VirtualStream) -> None:
-            self.current_stream = s
+        def set_stream(stream: VirtualStream) -> None:
+            self.current_stream = stream
 
         return {
             "is_available": lambda: True,
