@@ -181,6 +181,22 @@ def test_a_compiled_cnn_runs_its_channels_last_convolutions_as_cudnn_does(mode):
     assert not [n for n in tr.meta["notes"] if "ran eagerly" in n]
 
 
+def test_a_compiled_bf16_cnn_expects_the_layout_its_convolutions_get():
+    """Under bf16 autocast FakeTensor's convolution asked ``torch._C._select_conv_backend``, which
+    without a driver cannot see that the GPU runs bf16 convolutions on cuDNN: Inductor expected a
+    contiguous output and the traced (cuDNN, channels-last) convolution failed its assertion
+    (timm's ``train.py --amp-dtype bfloat16 --torchcompile``)."""
+    src = CNN.replace("MODE", "None").replace(
+        "nn.functional.cross_entropy(step(x), y).backward()",
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n        loss = nn.functional.cross_entropy(step(x), y)\n"
+        "    loss.backward()")
+    tr = trace(src, {}, mode="fake", device=H100)
+    info = tr.meta["compile"]
+    assert info["graphs"] == 1 and info["backward_graphs"] == 1 and info["failures"] == 0, tr.meta["notes"]
+    assert re.search(r"assert_\w+\(buf\d+, \(32, \d+, 16, 16\), \(\d+, 1, ", open(info["wrappers"][0]).read())
+    assert not [n for n in tr.meta["notes"] if "raised" in n or "ran eagerly" in n]
+
+
 SEQUENTIAL_OF_OWN_BLOCKS = """
 import torch, torch.nn as nn
 SCALE = WIDTH / 64                      # a global of the script, read by the inlined forward

@@ -282,6 +282,8 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
         P(PyCodeCache, "load_by_key_path", classmethod(load_by_key_path))
         P(joint_graph.UniformValueConstantFolder, "run", fold)
         P(proxy_tensor, "unset_fake_temporarily", _constants_on_cpu(proxy_tensor.unset_fake_temporarily))
+        P(torch._C, "_conv_determine_backend_memory_format",
+          _conv_layout_as_on_gpu(torch._C._conv_determine_backend_memory_format))
         # pad_mm times padded and unpadded matmuls on real GPU tensors: its allocations are
         # reported (on_pad_timing), half-precision matmuls padded (inductor_autotune.py)
         timing = next((n for n in ("_should_pad", "_should_pad_bench") if hasattr(pad_mm, n)), None)  # 2.14, 2.10
@@ -298,6 +300,26 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
             c.cache_clear()
         stack.callback(lambda: [c.cache_clear() for c in caches])
         yield
+
+
+def _conv_layout_as_on_gpu(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The layout Inductor expects of a CUDA convolution's output, as the tracer gives it
+    (``convolutions.cuda_layout``, cuDNN's rule). FakeTensor's convolution asks
+    ``torch._C._select_conv_backend``, which on this machine cannot confirm cuDNN's bf16
+    support (it reads the GPU's compute capability from the driver) and so picks a non-cuDNN
+    backend, laid out contiguous: a compiled bf16 CNN asserted a contiguous output where the
+    GPU, and the traced convolution, give channels-last (timm's ``train.py --amp-dtype
+    bfloat16 --torchcompile`` stopped at its first convolution)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from xmem_engine.tracing.kernels.convolutions import cuda_layout
+
+    def determine(input: Any, weight: Any, backend: Any) -> Any:
+        if isinstance(input, FakeTensor) and input.fake_device.type == "cuda" and isinstance(weight, torch.Tensor):
+            return cuda_layout(input, weight)
+        return original(input, weight, backend)
+
+    return determine
 
 
 def _device_caches() -> list[Any]:
