@@ -891,3 +891,18 @@ def test_the_first_trace_of_a_process_is_not_kept_alive():
                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))))
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split()[-1] == "0"
+
+
+def test_a_script_inside_site_packages_is_still_the_users_code(tmp_path):
+    """A library's own training script run as the script (TRL's ``trl/scripts/sft.py``) lives
+    in site-packages, where every frame counts as library code: its allocations and notes said
+    ``?`` for the line. The traced script's file is the user's wherever it lives."""
+    from xmem_engine.tracing import trace_script
+
+    folder = tmp_path / "site-packages" / "lib" / "scripts"
+    folder.mkdir(parents=True)
+    script = folder / "train.py"
+    script.write_text("import torch\nx = torch.empty(1024, device='cuda')\n")
+    tr = trace_script(script, mode="fake")
+    (alloc,) = allocs(tr)
+    assert alloc.source == f"{script}:2"

@@ -33,6 +33,14 @@ def is_user_file(filename: str) -> bool:
     return r
 
 
+def count_as_user(filename: str) -> None:
+    """The traced script's own file is the user's code wherever it lives, for the rest of the
+    process (its tracebacks are reported after the trace): a library's script run as the
+    script, such as TRL's ``trl/scripts/sft.py`` in site-packages, is named in the notes as
+    ``sft.py:113``, not passed over as library code."""
+    _IS_USER[filename] = True
+
+
 _OP_NAMES: dict[Any, str] = {}
 
 

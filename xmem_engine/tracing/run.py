@@ -37,7 +37,7 @@ from xmem_engine.tracing.errors import (
     UnsupportedOpError,
     needs_real_gpu,
 )
-from xmem_engine.tracing.frames import entry_point, run_user_code, trim_traceback
+from xmem_engine.tracing.frames import count_as_user, entry_point, run_user_code, trim_traceback
 from xmem_engine.tracing.shims.generation import generation_in_fake_mode
 from xmem_engine.tracing.shims.transformers_tracing import fake_tensors_are_not_traced
 from xmem_engine.tracing.patches import (
@@ -138,6 +138,8 @@ def trace(
         code = compiled
     elif not isinstance(code, types.CodeType) and not callable(code):
         raise TypeError(f"code must be a callable or source text, not {type(code).__name__}")
+    if isinstance(code, types.CodeType) and not code.co_filename.startswith("<"):
+        count_as_user(code.co_filename)  # the script is the user's, wherever it lives
     setup = [*setup, steady_bind]  # a steady-state loop (steady_code, cellcode) reads the iterations
     compile = compile or os.environ.get("XMEM_COMPILE") or "inductor"
     if compile not in COMPILE_MODES:

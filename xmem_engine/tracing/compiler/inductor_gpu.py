@@ -304,7 +304,7 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
 
 def _conv_layout_as_on_gpu(original: Callable[..., Any]) -> Callable[..., Any]:
     """The layout Inductor expects of a CUDA convolution's output, as the tracer gives it
-    (``convolutions.cuda_layout``, cuDNN's rule). FakeTensor's convolution asks
+    (``conv_layout.cuda_layout``, cuDNN's rule). FakeTensor's convolution asks
     ``torch._C._select_conv_backend``, which on this machine cannot confirm cuDNN's bf16
     support (it reads the GPU's compute capability from the driver) and so picks a non-cuDNN
     backend, laid out contiguous: a compiled bf16 CNN asserted a contiguous output where the
@@ -312,7 +312,7 @@ def _conv_layout_as_on_gpu(original: Callable[..., Any]) -> Callable[..., Any]:
     bfloat16 --torchcompile`` stopped at its first convolution)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from xmem_engine.tracing.kernels.convolutions import cuda_layout
+    from xmem_engine.tracing.kernels.conv_layout import cuda_layout
 
     def determine(input: Any, weight: Any, backend: Any) -> Any:
         if isinstance(input, FakeTensor) and input.fake_device.type == "cuda" and isinstance(weight, torch.Tensor):

@@ -25,7 +25,7 @@ from torch._prims_common import make_channels_last_3d_strides_for, make_channels
 from torch._subclasses.fake_tensor import FakeTensor
 
 from xmem_engine.tracing.kernels.autocast_policy import aten_op
-from xmem_engine.tracing.kernels.convolutions import cuda_layout
+from xmem_engine.tracing.kernels.conv_layout import cuda_layout
 from xmem_engine.tracing.torch_compat import is_non_overlapping_and_dense
 from xmem_engine.tracing.ops import register
 
@@ -157,7 +157,7 @@ def _fast_convolution(input: torch.Tensor, weight: torch.Tensor, bias: Any, stri
                       dilation: list, transposed: bool, output_padding: list, groups: int) -> Any:
     """Fake ``convolution`` (not transposed, fp32/fp64, both operands dense in the layout cuDNN
     works in): the output's shape by the usual formula, laid out as cuDNN lays it out
-    (``convolutions.cuda_layout``), without FakeTensorMode's meta kernel."""
+    (``conv_layout.cuda_layout``), without FakeTensorMode's meta kernel."""
     spatial = input.dim() - 2
     if (transposed or input.dtype not in _PLAIN_FLOATS or weight.dtype != input.dtype or spatial < 1
             or not (len(stride) == len(padding) == len(dilation) == spatial) or weight.dim() != input.dim()

@@ -22,9 +22,8 @@ from typing import Any
 
 import torch
 
-from torch._prims_common import suggest_memory_format
-
 from xmem_engine.gpus.cudnn import ConvProblem
+from xmem_engine.tracing.kernels.conv_layout import cuda_layout
 from xmem_engine.tracing.tracer import tensors_in
 from xmem_engine.tracing.ops import register
 
@@ -44,20 +43,6 @@ def _arguments(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     a = dict(zip(_NAMES[func], args))
     a.update(kwargs)
     return a
-
-
-def cuda_layout(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
-    """The memory format CUDA's convolution works in and gives its outputs: cuDNN's
-    ``cudnn_conv_suggest_memory_format`` (``aten/src/ATen/native/ConvUtils.h``): channels-last
-    when the input or the weight is (4-d, 5-d), contiguous otherwise and for float64. Without
-    cuDNN (``torch.backends.cudnn.enabled = False``) CUDA's own kernels are contiguous. A 1-d
-    convolution runs as a 2-d one on a contiguous input (``_convolution``'s expand)."""
-    if not torch.backends.cudnn.enabled or torch.float64 in (input.dtype, weight.dtype):
-        return torch.contiguous_format
-    cl = {4: torch.channels_last, 5: torch.channels_last_3d}.get(weight.dim())
-    if cl is not None and cl in (suggest_memory_format(input), suggest_memory_format(weight)):
-        return cl
-    return torch.contiguous_format
 
 
 def _in(t: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
