@@ -105,6 +105,19 @@ def test_dynamic_cache_grows_by_the_formula_per_token():
     assert cache_bytes(NEW + 3) - cache_bytes(NEW) == 3 * (2 * L * KV * D * B * 2)
 
 
+def test_offloaded_cache_keeps_one_layer_on_the_gpu():
+    """``cache_implementation="offloaded"``: each layer's keys and values go to the host after its
+    update and the next layer's come back on a prefetch stream (``torch.Stream()``, made on the
+    virtual GPU; it asked the driver). At the end one layer is on the GPU, where the dynamic
+    cache holds all of them."""
+    tr, ns = _generate(kw='cache_implementation="offloaded"')
+    assert ns["shape"] == (B, P + NEW)
+    tokens = P + NEW - 1
+    live = [e for e in _live_at_end(tr).values() if e.shape == (B, KV, tokens, D) and e.dtype == "bfloat16"]
+    assert len(live) == 2  # one layer's keys and values (the dynamic cache: 2 x L)
+    assert {e.stream for e in live} != {0}  # brought back on the prefetch stream
+
+
 def test_static_cache_is_allocated_once_at_its_full_length():
     """StaticLayer.lazy_initialization: ``torch.zeros((B, KV, max_cache_len, D))`` for keys and
     values of each layer at the prefill, written in place with index_copy_ after. generate()

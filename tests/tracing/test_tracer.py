@@ -906,3 +906,29 @@ def test_a_script_inside_site_packages_is_still_the_users_code(tmp_path):
     tr = trace_script(script, mode="fake")
     (alloc,) = allocs(tr)
     assert alloc.source == f"{script}:2"
+
+
+def test_device_generic_streams_and_events_are_the_virtual_gpus():
+    """``torch.Stream()`` / ``torch.Event(device=...)`` (device-generic, 2.5+) asked the driver;
+    transformers' offloaded KV cache makes its prefetch stream so and enters it with ``with``."""
+    src = """
+import torch
+dev = torch.accelerator.current_accelerator()
+s = torch.Stream()
+e = torch.Event(device=dev, blocking=True)
+x = torch.randn(256, 256, device=dev)
+s.wait_stream(torch.accelerator.current_stream())
+with s:
+    y = x @ x
+    inner = torch.accelerator.current_stream()
+after = torch.accelerator.current_stream()
+e.record()
+e.synchronize()
+checks = [isinstance(s, torch.Stream), isinstance(e, torch.Event), inner == s, after != s,
+          type(torch.Stream(device="cpu")).__module__ == "torch"]  # another device's stream is torch's own
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake")
+    x, y = allocs(tr)[:2]
+    assert x.stream == 0 and y.stream != 0
+    assert ns["checks"] == [True] * 5

@@ -124,6 +124,16 @@ class VirtualStream:
     def __repr__(self) -> str:
         return f"<torch.cuda.Stream device=cuda:0 cuda_stream={self.stream_id}>"
 
+    def __enter__(self) -> "VirtualStream":
+        """``with stream:`` (``torch.Stream``, 2.7+): the current stream for the block. Only
+        made while tracing, when ``torch.cuda``'s stream functions are the virtual device's."""
+        self.__dict__.setdefault("_outer", []).append(torch.cuda.current_stream())
+        torch.cuda.set_stream(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.cuda.set_stream(self._outer.pop())
+
 
 class VirtualEvent:
     """Stands in for ``torch.cuda.Event``; no clock, so elapsed times are 0."""
@@ -332,6 +342,27 @@ class VirtualCuda:
         }
 
 
+def _generic(real: type, virtual: type) -> type:
+    """``torch.Stream`` / ``torch.Event`` while tracing: the virtual device's for the GPU (no
+    device named: the current accelerator, the GPU), the real class for any other device;
+    ``isinstance`` holds for both."""
+
+    class Generic(type):
+        def __call__(cls, device: Any = None, *args: Any, **kwargs: Any) -> Any:
+            on_gpu = device is None or isinstance(device, int) or torch.device(device).type == "cuda"
+            if on_gpu:
+                return virtual(*args, **kwargs) if virtual is VirtualEvent else virtual(device, *args, **kwargs)
+            return real(device, *args, **kwargs)
+
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, (real, virtual))
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, (real, virtual))
+
+    return Generic(real.__name__, (), {"__doc__": real.__doc__, "__module__": "torch"})
+
+
 class _DeviceContext(contextlib.nullcontext):
     """``torch.cuda.device(i)``: one virtual device, so selecting it changes nothing."""
 
@@ -516,6 +547,10 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
         # kernels, for its Triton launches) asks torch._C itself: the virtual stream's (a CPU
         # build has no such function: it gets one for the trace).
         patch(torch._C, "_cuda_getCurrentRawStream", lambda device=None: vc.current_stream.stream_id)
+        # Device-generic streams and events (torch.Stream(), torch.Event(device=...); transformers'
+        # offloaded KV cache makes one) are the virtual device's where they name the GPU.
+        patch(torch, "Stream", _generic(torch.Stream, VirtualStream))
+        patch(torch, "Event", _generic(torch.Event, VirtualEvent))
         # The process's accelerator is the virtual GPU (FSDP2's default mesh asks torch._C).
         if hasattr(torch._C, "_get_accelerator"):
             patch(torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda"))
