@@ -65,6 +65,7 @@ from xmem_engine.tracing.patches import (
 from xmem_engine.tracing.shims.bitsandbytes_shim import bitsandbytes_on_gpu
 from xmem_engine.tracing.shims.checkpoints import kept_in_memory
 from xmem_engine.tracing.shims.data_parallel import data_parallel_on_gpu
+from xmem_engine.tracing.shims.flash_attention import flash_attn_on_gpu
 from xmem_engine.tracing.fake.guesses import GUESS_HEADLINE, Guesses
 from xmem_engine.tracing.steady import bind as steady_bind, steady_code
 from xmem_engine.tracing.host_memory import ENV as HOST_ENV, HostBudget, HostMemoryExceeded, gib
@@ -428,6 +429,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(unsloth_checks(tracer, stack))  # its untrained-token check reads weights
         stack.enter_context(fresh_singletons(stack))  # accelerate's state: a new process's, then the user's
         stack.enter_context(data_parallel_on_gpu())  # nn.DataParallel's scatter / gather (C++ only)
+        stack.enter_context(flash_attn_on_gpu(tracer))  # FlashAttention-2's package, stood in for
         if tracer.fake:
             # FakeTensorMode logs every failing meta kernel (a user's shape error) with a
             # traceback of its own; the error itself reaches the user's code.

@@ -623,6 +623,14 @@ class _Flash(_Plan):
 
     sm_count: int = 108
 
+    @staticmethod
+    def _prepared(t: torch.Tensor) -> torch.Tensor:
+        """How the backward takes the output and its gradient: ``.contiguous()``."""
+        return t.contiguous()
+
+    def _is_deterministic(self) -> bool:
+        return _deterministic()
+
     def forward(self, q, k, v, bias):
         b, m, h, d = q.shape
         op = "aten._flash_attention_forward"
@@ -637,12 +645,12 @@ class _Flash(_Plan):
         return res, (q, k, v, res, lse)
 
     def backward(self, grad, saved, bias_grad):
-        q, k, v, res, lse = saved
+        q, k, v, res, lse = saved[:5]
         b, m, h, d = q.shape
         n, hk = k.shape[1], k.shape[2]
         op = "aten._flash_attention_backward"
-        go = grad.contiguous()
-        out = res.contiguous()
+        go = self._prepared(grad)
+        out = self._prepared(res)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         for t in (dq, dk, dv):
             self.label(t, op, None)
@@ -650,7 +658,7 @@ class _Flash(_Plan):
         softmax_d = q.new_empty((b, h, m128), dtype=torch.float32)
         self.label(softmax_d, op, "workspace")
         d_round = _round_up(d, 32 if d <= 128 else 64)
-        if _deterministic():
+        if self._is_deterministic():
             splits = -(-self.sm_count // max(1, b * h))
             dq_accum = q.new_zeros((splits, b, m128, h, d_round), dtype=torch.float32)
         else:
@@ -664,6 +672,147 @@ class _Flash(_Plan):
         self._fill_grads((dq, dk, dv), q, k, v, None, go)
         del dq_accum, expanded, softmax_d, go, out
         return dq, dk, dv, None
+
+
+def _bottom_right_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                            scale: float) -> torch.Tensor:
+    """FlashAttention-2's values on (B, H, L, D): its causal mask is aligned to the bottom right
+    (a decode step's one query sees every key), where SDPA's is aligned to the top left."""
+    qf, kf, vf = q.float(), k.float(), v.float()
+    kf, vf = _gqa_expand(kf, vf, q.shape[-3], True)
+    attn = torch.matmul(qf, kf.transpose(-2, -1)) * scale
+    if causal:
+        m, n = q.shape[-2], k.shape[-2]
+        attn = attn.masked_fill(torch.ones(m, n, dtype=torch.bool).tril(n - m).logical_not(), -math.inf)
+    return torch.matmul(torch.softmax(attn, -1).nan_to_num(0.0), vf).to(q.dtype)
+
+
+@dataclass
+class _FlashPackage(_Flash):
+    """FlashAttention-2's own package (``flash_attn``, Dao-AILab, 2.x): ``flash_attn_func`` runs
+    the same ``mha_fwd`` / ``mha_bwd`` as PyTorch's copy (:class:`_Flash`), entered through
+    ``flash_attn_interface.py``: its tensors are only made contiguous in the last dim
+    (``maybe_contiguous``: no copy of the output or its gradient in backward), and the forward
+    keeps an ``rng_state`` of 2 int64 on the device for the backward. Real mode: values with the
+    bottom-right causal mask; dropout, ``window_size``, ``softcap`` and ``alibi_slopes`` change
+    values only (none of them allocates), and real-mode values leave them out."""
+
+    deterministic: bool = False  # the call's own flag (the package reads no global setting)
+
+    @staticmethod
+    def _prepared(t: torch.Tensor) -> torch.Tensor:
+        return t if t.stride(-1) == 1 else t.contiguous()
+
+    def _is_deterministic(self) -> bool:
+        return self.deterministic
+
+    def _values(self, q, k, v, bias):
+        with _Hidden():
+            return _bottom_right_reference(q, k, v, self.is_causal, self.scale)
+
+    def forward(self, q, k, v, bias):
+        res, saved = super().forward(q, k, v, bias)
+        rng = q.new_empty((2,), dtype=torch.int64)
+        self.label(rng, "flash_attn.fwd", None)
+        return res, (*saved, rng)
+
+
+@dataclass
+class _FlashVarlen(_FlashPackage):
+    """``flash_attn_varlen_func``: sequences packed along one token axis, q (total_q, H, D), their
+    bounds in ``cu_seqlens`` (``mha_varlen_fwd`` / ``mha_varlen_bwd``). Forward: ``out``
+    like q, ``softmax_lse`` (H, total_q) float32, the rng state. Backward: dq, dk, dv;
+    ``softmax_d`` (batch, H, round128(max_seqlen_q)) and ``dq_accum`` (H, total_q + 128 x batch,
+    round32(D)) float32 (deterministic: zeros with ceil(SMs / (batch x H)) splits); for GQA
+    ``dk_expanded`` / ``dv_expanded`` (total_k, H, D)."""
+
+    cu_q: torch.Tensor | None = None
+    cu_k: torch.Tensor | None = None
+    max_q: int = 0
+
+    def _segments(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        bq, bk = self.cu_q.tolist(), self.cu_k.tolist()
+        for i in range(len(bq) - 1):
+            yield (bq[i], bq[i + 1]), (q[bq[i]:bq[i + 1]], k[bk[i]:bk[i + 1]], v[bk[i]:bk[i + 1]])
+
+    def forward(self, q, k, v, bias):
+        total, h, d = q.shape
+        op = "flash_attn.varlen_fwd"
+        res = torch.empty_like(q)
+        self.label(res, op, None)
+        lse = q.new_empty((h, total), dtype=torch.float32)
+        self.label(lse, op, None)
+        rng = q.new_empty((2,), dtype=torch.int64)
+        self.label(rng, op, None)
+        if self.real:
+            with _Hidden():
+                for (a, z), (qs, ks, vs) in self._segments(q, k, v):
+                    out = _bottom_right_reference(qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+                                                  self.is_causal, self.scale)
+                    res[a:z].copy_(out.transpose(0, 1))
+        return res, (q, k, v, res, lse, rng)
+
+    def backward(self, grad, saved, bias_grad):
+        q, k, v, res, lse = saved[:5]
+        total, h, d = q.shape
+        hk = k.shape[1]
+        op = "flash_attn.varlen_bwd"
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        for t in (dq, dk, dv):
+            self.label(t, op, None)
+        go, out = self._prepared(grad), self._prepared(res)
+        batch = self.cu_q.shape[0] - 1
+        softmax_d = q.new_empty((batch, h, _round_up(self.max_q, 128)), dtype=torch.float32)
+        self.label(softmax_d, op, "workspace")
+        d_round = _round_up(d, 32 if d <= 128 else 64)
+        rows = total + 128 * batch
+        if self.deterministic:
+            splits = -(-self.sm_count // max(1, batch * h))
+            dq_accum = q.new_zeros((splits, h, rows, d_round), dtype=torch.float32)
+        else:
+            dq_accum = q.new_empty((h, rows, d_round), dtype=torch.float32)
+        self.label(dq_accum, op, "workspace")
+        expanded = ()
+        if hk != h:
+            expanded = (q.new_empty((k.shape[0], h, d)), q.new_empty((k.shape[0], h, v.shape[-1])))
+            for t in expanded:
+                self.label(t, op, "workspace")
+        if self.real:  # the true gradients, one sequence at a time
+            self._fill_varlen(dq, dk, dv, q, k, v, go)
+        del dq_accum, expanded, softmax_d, go, out
+        return dq, dk, dv, None
+
+    def _fill_varlen(self, dq, dk, dv, q, k, v, go) -> None:
+        bq, bk = self.cu_q.tolist(), self.cu_k.tolist()
+        for i in range(len(bq) - 1):
+            qs, ks, vs = q[bq[i]:bq[i + 1]], k[bk[i]:bk[i + 1]], v[bk[i]:bk[i + 1]]
+            grads = self._grads(qs.transpose(0, 1).unsqueeze(0), ks.transpose(0, 1).unsqueeze(0),
+                                vs.transpose(0, 1).unsqueeze(0), None, go[bq[i]:bq[i + 1]].transpose(0, 1).unsqueeze(0))
+            with _Hidden():
+                dq[bq[i]:bq[i + 1]].copy_(grads[0][0].transpose(0, 1))
+                dk[bk[i]:bk[i + 1]].copy_(grads[1][0].transpose(0, 1))
+                dv[bk[i]:bk[i + 1]].copy_(grads[2][0].transpose(0, 1))
+
+
+def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, scale: float | None,
+               causal: bool, deterministic: bool, *, capability: tuple[int, int], sm_count: int, real: bool,
+               label: Label, varlen: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
+    """``flash_attn_func`` (q, k, v as (B, L, H, D)) or, with ``varlen`` = (cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q), ``flash_attn_varlen_func`` (as (total, H, D)) of the
+    FlashAttention-2 package, on the target GPU: the head dim padded to a multiple of 8 as the
+    package pads it, the output cut back."""
+    d = q.shape[-1]
+    if d % 8:
+        q, k, v = (torch.nn.functional.pad(t, (0, 8 - d % 8)) for t in (q, k, v))
+    common = dict(dropout_p=float(dropout_p), is_causal=bool(causal), scale=scale if scale is not None else d ** -0.5,
+                  enable_gqa=True, capability=capability, real=real, label=label, sm_count=sm_count)
+    if varlen is None:
+        plan: _Flash = _FlashPackage(**common, deterministic=bool(deterministic))
+    else:
+        plan = _FlashVarlen(**common, deterministic=bool(deterministic), cu_q=varlen[0], cu_k=varlen[1],
+                            max_q=int(varlen[2]))
+    res = _Fused.apply(plan, q, k, v, None)
+    return res[..., :d] if d % 8 else res
 
 
 def _matching_layout(q: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -889,10 +1038,8 @@ def _valid(b: dict[str, Any]) -> bool:
     return isinstance(b["dropout_p"], (int, float)) and isinstance(b["is_causal"], bool)
 
 
-def tracer_handler(tracer: Any) -> Callable[[Any, tuple, dict], Any]:
-    """The ``DeviceMode.special`` handler for ``F.scaled_dot_product_attention``: virtual-GPU
-    inputs go to :func:`scaled_dot_product_attention` for the tracer's target GPU, anything
-    else to PyTorch."""
+def tracer_label(tracer: Any) -> Label:
+    """``label`` for the tracer: a kernel's allocation named by its CUDA op (and category)."""
 
     def label(t: torch.Tensor, op: str, category: str | None = None) -> None:
         rec = tracer.live.get(t.untyped_storage()._cdata)
@@ -900,6 +1047,15 @@ def tracer_handler(tracer: Any) -> Callable[[Any, tuple, dict], Any]:
             rec.event.op = op
             if category is not None:
                 rec.event.category = category
+
+    return label
+
+
+def tracer_handler(tracer: Any) -> Callable[[Any, tuple, dict], Any]:
+    """The ``DeviceMode.special`` handler for ``F.scaled_dot_product_attention``: virtual-GPU
+    inputs go to :func:`scaled_dot_product_attention` for the tracer's target GPU, anything
+    else to PyTorch."""
+    label = tracer_label(tracer)
 
     def handle(func: Any, args: tuple, kwargs: dict) -> Any:
         try:
