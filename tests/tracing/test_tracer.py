@@ -932,3 +932,4 @@ checks = [isinstance(s, torch.Stream), isinstance(e, torch.Event), inner == s, a
     x, y = allocs(tr)[:2]
     assert x.stream == 0 and y.stream != 0
     assert ns["checks"] == [True] * 5
+
