@@ -40,9 +40,6 @@ def _cuda_build_gaps() -> dict[str, str]:
            "run as the CPU kernels run them (issue #14, cuDNN RNNs)")
     gaps = {
         "tests/tracing/test_autocast.py::test_the_policy_table_covers_what_the_running_torch_autocasts_on_cuda": rnn,
-        "tests/tracing/test_tracer.py::test_cuda_only_calls_are_named_with_the_line_and_nvtx_is_a_no_op":
-            "a CUDA build without a driver fails CUDA-only calls with the driver's message, not the "
-            "call's name (issues #14 and #16)",
     }
     from xmem_engine.tracing.kernels.sdpa import prefer_cudnn
 

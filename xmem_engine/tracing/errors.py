@@ -53,11 +53,18 @@ _NO_CUDA_MESSAGES = ("not compiled with CUDA", "not linked with support for cuda
                      "hasPrimaryContext", "CUDA driver", "cuda runtime", "ATen_cuda", "CUDA build")
 
 
+#: torch._C's CUDA-only bindings, which the CPU wheel lacks
+_CUDA_BINDINGS = ("_cuda_", "_nccl_", "_cudnn_")
+
+
 def needs_real_gpu(e: BaseException, mode: str) -> UnsupportedOpError | None:
     """A failure of this machine's missing GPU rather than of the user's code: name the
     torch function the user's code called that needs it."""
     msg = str(e)
-    if not isinstance(e, (RuntimeError, AssertionError)) or not any(m.lower() in msg.lower() for m in _NO_CUDA_MESSAGES):
+    # (the CPU wheel has no CUDA bindings at all: "module 'torch._C' has no attribute '_cuda_...'")
+    missing_binding = isinstance(e, AttributeError) and any(f"has no attribute '{p}" in msg for p in _CUDA_BINDINGS)
+    if not missing_binding and (not isinstance(e, (RuntimeError, AssertionError))
+                                or not any(m.lower() in msg.lower() for m in _NO_CUDA_MESSAGES)):
         return None
     op, where = "a CUDA-only call", ""
     tb = e.__traceback__

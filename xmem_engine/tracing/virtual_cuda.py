@@ -64,6 +64,7 @@ class DeviceProperties:
     L2_cache_size: int = 41_943_040
     warp_size: int = 32
     gcnArchName: str = "NVIDIA CUDA"
+    uuid: str = "00000000-0000-0000-0000-000000000000"  # (a virtual GPU has no serial)
 
     @classmethod
     def from_dict(cls, device: dict | None) -> "DeviceProperties":
@@ -189,6 +190,7 @@ class VirtualCuda:
         self.default_stream = VirtualStream(stream_id=0)
         self.current_stream = self.default_stream
         self.memory_fraction = 1.0
+        self.seed = 67280421310721  # CUDA's default generator's seed (default_rng_seed_val) until seeded
         # CUDA's autocast lists for the tensors on the virtual GPU (see _autocast_methods)
         self.autocast = CudaAutocastPolicy(on_device=tracer.is_gpu)
         self.autocast_depth = 0
@@ -329,10 +331,26 @@ class VirtualCuda:
             "get_rng_state_all": lambda: [torch.zeros(16, dtype=torch.uint8)],
             "set_rng_state": lambda new_state, device="cuda": None,
             "set_rng_state_all": lambda new_states: None,
-            "manual_seed": lambda seed: None,
-            "manual_seed_all": lambda seed: None,
+            "manual_seed": lambda seed: setattr(self, "seed", int(seed)),
+            "manual_seed_all": lambda seed: setattr(self, "seed", int(seed)),
             "seed": lambda: None,
             "seed_all": lambda: None,
+            "initial_seed": lambda: self.seed,
+            "get_per_process_memory_fraction": lambda device=None: self.memory_fraction,
+            "memory_snapshot": lambda mempool_id=None: snapshot()["segments"],
+            # NVML's readings (pynvml on a GPU machine): used memory as the driver counts it
+            # (the context and what the allocator holds); activity, heat and power none
+            "device_memory_used": lambda device=None: self.context_bytes + t.allocator.memory_reserved(),
+            "get_allocator_backend": lambda: "native",
+            "get_sync_debug_mode": lambda: 0,
+            "set_sync_debug_mode": lambda debug_mode: None,
+            "ipc_collect": lambda: None,
+            "can_device_access_peer": lambda device, peer_device: _device_index(device) != _device_index(peer_device),
+            "utilization": lambda device=None: 0,
+            "memory_usage": lambda device=None: 0,
+            "temperature": lambda device=None: 0,
+            "power_draw": lambda device=None: 0,
+            "clock_rate": lambda device=None: 0,
             "Stream": VirtualStream,
             "Event": VirtualEvent,
             "stream": stream,
@@ -363,6 +381,25 @@ def _generic(real: type, virtual: type) -> type:
             return issubclass(sub, (real, virtual))
 
     return Generic(real.__name__, (), {"__doc__": real.__doc__, "__module__": "torch"})
+
+
+def _cpu_generator_for_gpu(real: type) -> type:
+    """``torch.Generator`` while tracing: for the GPU (diffusers' ``torch.Generator(device=
+    accelerator.device)``), a CPU generator, which the tracer's tensors (CPU ones underneath)
+    draw from; for any other device torch's own. ``isinstance`` holds."""
+
+    class Generator(type):
+        def __call__(cls, device: Any = "cpu") -> Any:
+            gpu = isinstance(device, int) or torch.device(device).type == "cuda"
+            return real("cpu") if gpu else real(device)
+
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, real)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, real)
+
+    return Generator("Generator", (), {"__doc__": real.__doc__, "__module__": "torch"})
 
 
 class _DeviceContext(contextlib.nullcontext):
@@ -535,6 +572,7 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
                 "set_device_idx": lambda device, *a, **k: fns["set_device"](device),
                 "current_stream": lambda *a, **k: vc.current_stream,
                 "device_index": _DeviceContext,
+                "get_memory_info": lambda *a, **k: fns["mem_get_info"](),
                 "get_device_capability": lambda *a, **k: (vc.props.major, vc.props.minor),
             }
             for name in ("synchronize", "empty_cache", "memory_allocated", "max_memory_allocated",
@@ -553,6 +591,7 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
         # offloaded KV cache makes one) are the virtual device's where they name the GPU.
         patch(torch, "Stream", _generic(torch.Stream, VirtualStream))
         patch(torch, "Event", _generic(torch.Event, VirtualEvent))
+        patch(torch, "Generator", _cpu_generator_for_gpu(torch.Generator))
         # The process's accelerator is the virtual GPU (FSDP2's default mesh asks torch._C).
         if hasattr(torch._C, "_get_accelerator"):
             patch(torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda"))
