@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
+if int(transformers.__version__.split(".")[0]) < 5:
+    pytest.skip("the FlashAttention-2 stand-in is for transformers 5 (4.x keeps its ImportError)",
+                allow_module_level=True)
 
 from xmem_engine.tracing import trace  # noqa: E402
 
@@ -20,7 +23,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 cfg = LlamaConfig(hidden_size={H * D}, intermediate_size=512, num_hidden_layers={LAYERS}, num_attention_heads={H},
                   num_key_value_heads={HK}, vocab_size=300)
 torch.manual_seed(0)
-model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=ATTN).cuda()
+model = AutoModelForCausalLM.from_config(cfg, attn_implementation=ATTN).to(torch.bfloat16).cuda()
 ids = torch.randint(0, 300, ({B}, {S}), device="cuda")
 mask = torch.ones_like(ids)
 PAD
@@ -104,3 +107,21 @@ except RuntimeError as e:
     assert ns["shape"] == (2, 128, 4, 48) and ns["refused"]
     # the head dim 48 is a multiple of 8: no padding; dq_accum rounds it to 64
     assert ((2, 128, 4, 64), "float32") in _allocs(tr, "aten._flash_attention_backward")
+
+
+def test_a_compiled_model_keeps_flash_attention_in_its_graph():
+    """Under ``torch.compile`` the package's custom ops (2.7+) stay in the graph; the stand-in
+    puts PyTorch's copy of the kernel there (``aten._flash_attention_forward``) instead of
+    breaking the graph at every attention (it made 13 graphs of this model, with 4 breaks)."""
+    from xmem_engine.tracing.compiler.torch_compile import compile_unavailable
+
+    if compile_unavailable() is not None:
+        pytest.skip(compile_unavailable())
+    # (no mask: transformers reads a mask's values to see whether it pads, a graph break on a GPU too)
+    src = MODEL.replace("ATTN", '"flash_attention_2"').replace("PAD", "").replace(
+        "out = model(input_ids=ids, attention_mask=mask, ", "out = torch.compile(model)(input_ids=ids, ")
+    tr = trace(src, {}, mode="fake")
+    info = tr.meta["compile"]
+    assert info["graphs"] == 1 and info["backward_graphs"] == 1 and not info["graph_breaks"], tr.meta["notes"]
+    assert "_flash_attention_forward" in open(info["wrappers"][0]).read()
+    assert any("FlashAttention-2" in n for n in tr.meta["notes"])

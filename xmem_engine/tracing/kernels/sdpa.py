@@ -350,6 +350,10 @@ class _Hidden:
             cm.__exit__(*exc)
 
 
+#: for other kernels' stand-ins (the FlashAttention-2 package's rotary embedding)
+hidden_values = _Hidden
+
+
 def _bool_to_additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``convert_boolean_attn_mask``: ``where(mask.logical_not(), -inf, scalar_tensor(0))``."""
     if mask.dtype != torch.bool:
@@ -813,6 +817,26 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
                             max_q=int(varlen[2]))
     res = _Fused.apply(plan, q, k, v, None)
     return res[..., :d] if d % 8 else res
+
+
+def compiled_flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, scale: float | None,
+                        causal: bool, varlen: tuple[torch.Tensor, torch.Tensor, int, int] | None = None) -> torch.Tensor:
+    """:func:`flash_attn` while Dynamo captures a graph: PyTorch's own FlashAttention-2 op
+    (``aten._flash_attention_forward``, whose derivative is ``_flash_attention_backward``), which
+    stays in the graph as the package's custom ops (2.7+) do on a GPU, and Inductor runs it as an
+    extern kernel. ``varlen``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
+    d = q.shape[-1]
+    if d % 8:
+        q, k, v = (torch.nn.functional.pad(t, (0, 8 - d % 8)) for t in (q, k, v))
+    sc = scale if scale is not None else d ** -0.5
+    if varlen is None:
+        cu_q = cu_k = None
+        max_q, max_k = q.shape[1], k.shape[1]
+    else:
+        cu_q, cu_k, max_q, max_k = varlen
+    out = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, float(dropout_p), bool(causal),
+                                                  False, scale=sc)[0]
+    return out[..., :d] if d % 8 else out
 
 
 def _matching_layout(q: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:

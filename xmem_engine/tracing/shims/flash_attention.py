@@ -30,8 +30,8 @@ from xmem_engine.tracing.kernels import sdpa
 
 VERSION = "2.8.3"
 NOTE = ("FlashAttention-2: flash_attn is not installed here (a CUDA-only package); a stand-in ran in its place, "
-        "allocating what its kernels allocate on the GPU (flash_attn_func, flash_attn_varlen_func and their backward). "
-        "Its values are not computed in fake mode")
+        "allocating what its kernels allocate on the GPU (flash_attn_func, flash_attn_varlen_func and their backward; "
+        "in a compiled graph, PyTorch's copy of its kernel, as an extern kernel, its backward's workspaces not counted)")
 #: transformers' cached answers that depend on flash_attn being importable
 _CACHED = ("_package_distribution_mapping", "is_flash_attn_2_available", "is_flash_attn_greater_or_equal",
            "is_flash_attn_greater_or_equal_2_10", "is_torch_cuda_available")
@@ -96,10 +96,57 @@ def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, se
     return out.reshape(batch, seqlen, *out.shape[1:])
 
 
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conj: bool) -> torch.Tensor:
+    """The rotary embedding's values (float32 reference), on the first 2 x cos.shape[-1] dims."""
+    ro = 2 * cos.shape[-1]
+    xf, rest = x[..., :ro].float(), x[..., ro:]
+    c = cos[: x.shape[1]].float().unsqueeze(-2)
+    s_ = sin[: x.shape[1]].float().unsqueeze(-2)
+    s_ = -s_ if conj else s_
+    if interleaved:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        out = torch.stack((x1 * c - x2 * s_, x1 * s_ + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xf[..., : ro // 2], xf[..., ro // 2:]
+        out = torch.cat((x1 * c - x2 * s_, x1 * s_ + x2 * c), dim=-1)
+    return torch.cat((out.to(x.dtype), rest), dim=-1)
+
+
+class _Rotary(torch.autograd.Function):
+    """``flash_attn.layers.rotary.ApplyRotaryEmb``: its Triton kernel writes one tensor like x
+    (or x itself, ``inplace``); the backward, one like the gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, inplace: bool,
+                real: bool) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved, ctx.real = interleaved, real
+        out = x if inplace else torch.empty_like(x)
+        if real:
+            with sdpa.hidden_values():
+                out.copy_(_rotate(x, cos, sin, interleaved, conj=False))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        cos, sin = ctx.saved_tensors
+        dx = torch.empty_like(grad)
+        if ctx.real:
+            with sdpa.hidden_values():
+                dx.copy_(_rotate(grad, cos, sin, ctx.interleaved, conj=True))
+        return dx, None, None, None, None, None
+
+
 def _package(tracer: Any) -> dict[str, types.ModuleType]:
     """The stand-in ``flash_attn`` and ``flash_attn.bert_padding`` for this trace."""
     props = tracer.vc.props
     label = sdpa.tracer_label(tracer)
+
+    @torch._dynamo.assume_constant_result  # run for real while Dynamo captures the call
+    def noted() -> bool:
+        if NOTE not in tracer.notes:
+            tracer.notes.append(NOTE)
+        return True
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, softmax_scale: float | None,
             causal: bool, deterministic: bool, return_attn_probs: bool, varlen: tuple | None = None) -> Any:
@@ -107,8 +154,7 @@ def _package(tracer: Any) -> dict[str, types.ModuleType]:
             raise NotImplementedError("flash_attn with return_attn_probs=True (a testing option) is not modelled")
         if q.dtype not in (torch.float16, torch.bfloat16):
             raise RuntimeError("FlashAttention only support fp16 and bf16 data type")  # as the package says
-        if tracer.fake and NOTE not in tracer.notes:
-            tracer.notes.append(NOTE)
+        noted()
         with tracer.call_scope(args=(q, k, v)):
             return sdpa.flash_attn(q, k, v, dropout_p, softmax_scale, causal, deterministic,
                                    capability=(props.major, props.minor), sm_count=props.multi_processor_count,
@@ -116,6 +162,9 @@ def _package(tracer: Any) -> dict[str, types.ModuleType]:
 
     def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                         softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+        if torch.compiler.is_compiling():  # one op in the graph, as the package's custom op
+            noted()
+            return sdpa.compiled_flash_attn(q, k, v, dropout_p, softmax_scale, causal)
         return run(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs)
 
     def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -123,24 +172,41 @@ def _package(tracer: Any) -> dict[str, types.ModuleType]:
                                deterministic=False, return_attn_probs=False, block_table=None):
         if block_table is not None:
             raise NotImplementedError("flash_attn_varlen_func with a block_table (a paged KV cache) is not modelled")
+        if torch.compiler.is_compiling():
+            noted()
+            return sdpa.compiled_flash_attn(q, k, v, dropout_p, softmax_scale, causal,
+                                            varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
         return run(q, k, v, dropout_p, softmax_scale, causal, deterministic, return_attn_probs,
                    varlen=(cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q)))
 
     def flash_attn_with_kvcache(*args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("flash_attn_with_kvcache (decoding into a paged KV cache) is not modelled by xmem")
 
+    def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0, cu_seqlens=None,
+                         max_seqlen=None):
+        """``flash_attn.layers.rotary.apply_rotary_emb`` on (B, S, H, D) (transformers 4.x imports it)."""
+        if cu_seqlens is not None or not isinstance(seqlen_offsets, int) or seqlen_offsets:
+            raise NotImplementedError("apply_rotary_emb with cu_seqlens or seqlen_offsets is not modelled")
+        return _Rotary.apply(x, cos, sin, interleaved, inplace, not tracer.fake)
+
     root = types.ModuleType("flash_attn", "FlashAttention-2, stood in for by xmem while tracing")
+    layers = types.ModuleType("flash_attn.layers")
+    rotary = types.ModuleType("flash_attn.layers.rotary")
+    rotary.apply_rotary_emb = apply_rotary_emb
+    layers.rotary, layers.__path__ = rotary, []
     padding = types.ModuleType("flash_attn.bert_padding")
     for name, fn in (("index_first_axis", index_first_axis), ("unpad_input", unpad_input), ("pad_input", pad_input)):
         setattr(padding, name, fn)
     for name, fn in (("flash_attn_func", flash_attn_func), ("flash_attn_varlen_func", flash_attn_varlen_func),
                      ("flash_attn_with_kvcache", flash_attn_with_kvcache)):
         setattr(root, name, fn)
-    root.__version__, root.bert_padding = VERSION, padding
+    root.__version__, root.bert_padding, root.layers = VERSION, padding, layers
     root.__path__ = []  # a package: ``import flash_attn.bert_padding`` finds the submodule in sys.modules
-    root.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None, is_package=True)
-    padding.__spec__ = importlib.machinery.ModuleSpec("flash_attn.bert_padding", None)
-    return {"flash_attn": root, "flash_attn.bert_padding": padding}
+    modules = {"flash_attn": root, "flash_attn.bert_padding": padding, "flash_attn.layers": layers,
+               "flash_attn.layers.rotary": rotary}
+    for name, module in modules.items():
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=hasattr(module, "__path__"))
+    return modules
 
 
 def _clear_transformers_caches() -> None:
@@ -151,9 +217,23 @@ def _clear_transformers_caches() -> None:
             fn.cache_clear()
 
 
+def _older_transformers() -> bool:
+    """transformers before 5 takes another FlashAttention-2 path (its own mask handling, the
+    package's rotary kernel), which the stand-in is not checked against: left as it was there."""
+    import importlib.metadata
+
+    try:
+        return int(importlib.metadata.version("transformers").split(".")[0]) < 5
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return False
+
+
 @contextlib.contextmanager
 def flash_attn_on_gpu(tracer: Any) -> Iterator[None]:
     """``flash_attn`` importable for the block as the stand-in; everything as it was after."""
+    if _older_transformers():
+        yield
+        return
     saved = {n: m for n, m in sys.modules.items() if n == "flash_attn" or n.startswith("flash_attn.")}
     lazy = sys.modules.get("transformers.modeling_flash_attention_utils")
     lazy_values = {n: getattr(lazy, n) for n in _LAZY if hasattr(lazy, n)} if lazy is not None else {}
