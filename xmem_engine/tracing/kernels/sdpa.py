@@ -350,10 +350,6 @@ class _Hidden:
             cm.__exit__(*exc)
 
 
-#: for other kernels' stand-ins (the FlashAttention-2 package's rotary embedding)
-hidden_values = _Hidden
-
-
 def _bool_to_additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``convert_boolean_attn_mask``: ``where(mask.logical_not(), -inf, scalar_tensor(0))``."""
     if mask.dtype != torch.bool:

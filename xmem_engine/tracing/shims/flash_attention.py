@@ -96,47 +96,6 @@ def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, se
     return out.reshape(batch, seqlen, *out.shape[1:])
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conj: bool) -> torch.Tensor:
-    """The rotary embedding's values (float32 reference), on the first 2 x cos.shape[-1] dims."""
-    ro = 2 * cos.shape[-1]
-    xf, rest = x[..., :ro].float(), x[..., ro:]
-    c = cos[: x.shape[1]].float().unsqueeze(-2)
-    s_ = sin[: x.shape[1]].float().unsqueeze(-2)
-    s_ = -s_ if conj else s_
-    if interleaved:
-        x1, x2 = xf[..., 0::2], xf[..., 1::2]
-        out = torch.stack((x1 * c - x2 * s_, x1 * s_ + x2 * c), dim=-1).flatten(-2)
-    else:
-        x1, x2 = xf[..., : ro // 2], xf[..., ro // 2:]
-        out = torch.cat((x1 * c - x2 * s_, x1 * s_ + x2 * c), dim=-1)
-    return torch.cat((out.to(x.dtype), rest), dim=-1)
-
-
-class _Rotary(torch.autograd.Function):
-    """``flash_attn.layers.rotary.ApplyRotaryEmb``: its Triton kernel writes one tensor like x
-    (or x itself, ``inplace``); the backward, one like the gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, inplace: bool,
-                real: bool) -> torch.Tensor:
-        ctx.save_for_backward(cos, sin)
-        ctx.interleaved, ctx.real = interleaved, real
-        out = x if inplace else torch.empty_like(x)
-        if real:
-            with sdpa.hidden_values():
-                out.copy_(_rotate(x, cos, sin, interleaved, conj=False))
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        cos, sin = ctx.saved_tensors
-        dx = torch.empty_like(grad)
-        if ctx.real:
-            with sdpa.hidden_values():
-                dx.copy_(_rotate(grad, cos, sin, ctx.interleaved, conj=True))
-        return dx, None, None, None, None, None
-
-
 def _package(tracer: Any) -> dict[str, types.ModuleType]:
     """The stand-in ``flash_attn`` and ``flash_attn.bert_padding`` for this trace."""
     props = tracer.vc.props
@@ -182,28 +141,16 @@ def _package(tracer: Any) -> dict[str, types.ModuleType]:
     def flash_attn_with_kvcache(*args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("flash_attn_with_kvcache (decoding into a paged KV cache) is not modelled by xmem")
 
-    def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0, cu_seqlens=None,
-                         max_seqlen=None):
-        """``flash_attn.layers.rotary.apply_rotary_emb`` on (B, S, H, D) (transformers 4.x imports it)."""
-        if cu_seqlens is not None or not isinstance(seqlen_offsets, int) or seqlen_offsets:
-            raise NotImplementedError("apply_rotary_emb with cu_seqlens or seqlen_offsets is not modelled")
-        return _Rotary.apply(x, cos, sin, interleaved, inplace, not tracer.fake)
-
     root = types.ModuleType("flash_attn", "FlashAttention-2, stood in for by xmem while tracing")
-    layers = types.ModuleType("flash_attn.layers")
-    rotary = types.ModuleType("flash_attn.layers.rotary")
-    rotary.apply_rotary_emb = apply_rotary_emb
-    layers.rotary, layers.__path__ = rotary, []
     padding = types.ModuleType("flash_attn.bert_padding")
     for name, fn in (("index_first_axis", index_first_axis), ("unpad_input", unpad_input), ("pad_input", pad_input)):
         setattr(padding, name, fn)
     for name, fn in (("flash_attn_func", flash_attn_func), ("flash_attn_varlen_func", flash_attn_varlen_func),
                      ("flash_attn_with_kvcache", flash_attn_with_kvcache)):
         setattr(root, name, fn)
-    root.__version__, root.bert_padding, root.layers = VERSION, padding, layers
+    root.__version__, root.bert_padding = VERSION, padding
     root.__path__ = []  # a package: ``import flash_attn.bert_padding`` finds the submodule in sys.modules
-    modules = {"flash_attn": root, "flash_attn.bert_padding": padding, "flash_attn.layers": layers,
-               "flash_attn.layers.rotary": rotary}
+    modules = {"flash_attn": root, "flash_attn.bert_padding": padding}
     for name, module in modules.items():
         module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=hasattr(module, "__path__"))
     return modules
@@ -218,8 +165,9 @@ def _clear_transformers_caches() -> None:
 
 
 def _older_transformers() -> bool:
-    """transformers before 5 takes another FlashAttention-2 path (its own mask handling, the
-    package's rotary kernel), which the stand-in is not checked against: left as it was there."""
+    """transformers before 5 takes another FlashAttention-2 path (its own mask handling; it
+    imports the package's rotary kernel too), which the stand-in is not checked against: left as
+    it was there."""
     import importlib.metadata
 
     try:
