@@ -67,7 +67,7 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -730,10 +730,11 @@ class _FlashVarlen(_FlashPackage):
     cu_k: torch.Tensor | None = None
     max_q: int = 0
 
-    def _segments(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    def _segments(self) -> Iterator[tuple[slice, slice]]:
+        """Each sequence's rows: of the queries, of the keys and values."""
         bq, bk = self.cu_q.tolist(), self.cu_k.tolist()
         for i in range(len(bq) - 1):
-            yield (bq[i], bq[i + 1]), (q[bq[i]:bq[i + 1]], k[bk[i]:bk[i + 1]], v[bk[i]:bk[i + 1]])
+            yield slice(bq[i], bq[i + 1]), slice(bk[i], bk[i + 1])
 
     def forward(self, q, k, v, bias):
         total, h, d = q.shape
@@ -746,10 +747,10 @@ class _FlashVarlen(_FlashPackage):
         self.label(rng, op, None)
         if self.real:
             with _Hidden():
-                for (a, z), (qs, ks, vs) in self._segments(q, k, v):
-                    out = _bottom_right_reference(qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+                for rq, rk in self._segments():
+                    out = _bottom_right_reference(q[rq].transpose(0, 1), k[rk].transpose(0, 1), v[rk].transpose(0, 1),
                                                   self.is_causal, self.scale)
-                    res[a:z].copy_(out.transpose(0, 1))
+                    res[rq].copy_(out.transpose(0, 1))
         return res, (q, k, v, res, lse, rng)
 
     def backward(self, grad, saved, bias_grad):
@@ -778,20 +779,27 @@ class _FlashVarlen(_FlashPackage):
             for t in expanded:
                 self.label(t, op, "workspace")
         if self.real:  # the true gradients, one sequence at a time
-            self._fill_varlen(dq, dk, dv, q, k, v, go)
+            for rq, rk in self._segments():
+                grads = self._grads(*(t.transpose(0, 1).unsqueeze(0) for t in (q[rq], k[rk], v[rk])), None,
+                                    go[rq].transpose(0, 1).unsqueeze(0))
+                with _Hidden():
+                    for dst, rows, g in ((dq, rq, grads[0]), (dk, rk, grads[1]), (dv, rk, grads[2])):
+                        dst[rows].copy_(g[0].transpose(0, 1))
         del dq_accum, expanded, softmax_d, go, out
         return dq, dk, dv, None
 
-    def _fill_varlen(self, dq, dk, dv, q, k, v, go) -> None:
-        bq, bk = self.cu_q.tolist(), self.cu_k.tolist()
-        for i in range(len(bq) - 1):
-            qs, ks, vs = q[bq[i]:bq[i + 1]], k[bk[i]:bk[i + 1]], v[bk[i]:bk[i + 1]]
-            grads = self._grads(qs.transpose(0, 1).unsqueeze(0), ks.transpose(0, 1).unsqueeze(0),
-                                vs.transpose(0, 1).unsqueeze(0), None, go[bq[i]:bq[i + 1]].transpose(0, 1).unsqueeze(0))
-            with _Hidden():
-                dq[bq[i]:bq[i + 1]].copy_(grads[0][0].transpose(0, 1))
-                dk[bk[i]:bk[i + 1]].copy_(grads[1][0].transpose(0, 1))
-                dv[bk[i]:bk[i + 1]].copy_(grads[2][0].transpose(0, 1))
+
+def _on_padded_head(kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A FlashAttention-2 kernel's call (``kernel(q, k, v)``, its scale that of the unpadded head
+    dim) as its entry points make it: the head dim padded with zeros to a multiple of 8
+    (``pad_last_dim<8>``: q.k and the output are unchanged), the output cut back
+    (``post_process_flash_output``)."""
+    d = q.shape[-1]
+    if d % 8:
+        q, k, v = (torch.nn.functional.pad(t, (0, 8 - d % 8)) for t in (q, k, v))
+    out = kernel(q, k, v)
+    return out[..., :d] if d % 8 else out
 
 
 def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, scale: float | None,
@@ -801,18 +809,17 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
     cu_seqlens_k, max_seqlen_q), ``flash_attn_varlen_func`` (as (total, H, D)) of the
     FlashAttention-2 package, on the target GPU: the head dim padded to a multiple of 8 as the
     package pads it, the output cut back."""
-    d = q.shape[-1]
-    if d % 8:
-        q, k, v = (torch.nn.functional.pad(t, (0, 8 - d % 8)) for t in (q, k, v))
-    common = dict(dropout_p=float(dropout_p), is_causal=bool(causal), scale=scale if scale is not None else d ** -0.5,
-                  enable_gqa=True, capability=capability, real=real, label=label, sm_count=sm_count)
-    if varlen is None:
-        plan: _Flash = _FlashPackage(**common, deterministic=bool(deterministic))
-    else:
-        plan = _FlashVarlen(**common, deterministic=bool(deterministic), cu_q=varlen[0], cu_k=varlen[1],
-                            max_q=int(varlen[2]))
-    res = _Fused.apply(plan, q, k, v, None)
-    return res[..., :d] if d % 8 else res
+    sc = scale if scale is not None else q.shape[-1] ** -0.5  # the package's default
+
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        common = dict(dropout_p=float(dropout_p), is_causal=bool(causal), scale=sc, enable_gqa=True,
+                      capability=capability, real=real, label=label, sm_count=sm_count,
+                      deterministic=bool(deterministic))
+        plan = _FlashPackage(**common) if varlen is None else _FlashVarlen(
+            **common, cu_q=varlen[0], cu_k=varlen[1], max_q=int(varlen[2]))
+        return _Fused.apply(plan, q, k, v, None)
+
+    return _on_padded_head(kernel, q, k, v)
 
 
 def compiled_flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, scale: float | None,
@@ -821,18 +828,10 @@ def compiled_flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropo
     (``aten._flash_attention_forward``, whose derivative is ``_flash_attention_backward``), which
     stays in the graph as the package's custom ops (2.7+) do on a GPU, and Inductor runs it as an
     extern kernel. ``varlen``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
-    d = q.shape[-1]
-    if d % 8:
-        q, k, v = (torch.nn.functional.pad(t, (0, 8 - d % 8)) for t in (q, k, v))
-    sc = scale if scale is not None else d ** -0.5
-    if varlen is None:
-        cu_q = cu_k = None
-        max_q, max_k = q.shape[1], k.shape[1]
-    else:
-        cu_q, cu_k, max_q, max_k = varlen
-    out = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, float(dropout_p), bool(causal),
-                                                  False, scale=sc)[0]
-    return out[..., :d] if d % 8 else out
+    cu_q, cu_k, max_q, max_k = varlen if varlen is not None else (None, None, q.shape[1], k.shape[1])
+    sc = scale if scale is not None else q.shape[-1] ** -0.5  # the package's default
+    return _on_padded_head(lambda q, k, v: torch.ops.aten._flash_attention_forward(
+        q, k, v, cu_q, cu_k, max_q, max_k, float(dropout_p), bool(causal), False, scale=sc)[0], q, k, v)
 
 
 def _matching_layout(q: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -1011,17 +1010,10 @@ def _run(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_m
         res = _Fused.apply(_Efficient(**common), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias)
         return res.transpose(1, 2)
     if backend == FLASH:
-        d = q.shape[-1]
-        if d % 8:  # pad_last_dim<8, false>
-            pad = (0, 8 - d % 8)
-            q, k, v = (torch.nn.functional.pad(t, pad) for t in (q, k, v))
-        sc = scale if scale is not None else 1.0 / math.sqrt(d)  # og_scale: of the unpadded head dim
-        common["scale"] = sc
-        plan = _Flash(**common, sm_count=sm_count)  # zero padding leaves q.k and the output as they are
-        res = _Fused.apply(plan, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None).transpose(1, 2)
-        if d % 8:
-            res = res[..., :d]  # post_process_flash_output
-        return res
+        common["scale"] = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])  # og_scale
+        return _on_padded_head(lambda q, k, v: _Fused.apply(
+            _Flash(**common, sm_count=sm_count), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            None).transpose(1, 2), q, k, v)
     if backend == CUDNN:
         bias = None
         if attn_mask is not None:  # convert_boolean_attn_mask_cudnn
@@ -1120,14 +1112,9 @@ def compiled_attention(capability: tuple[int, int]) -> Callable[..., torch.Tenso
         lse = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)):
             if backend == FLASH:
-                d = query.shape[-1]
-                q, k, v = query, key, value
-                if d % 8:
-                    q, k, v = (torch.nn.functional.pad(t, (0, 8 - d % 8)) for t in (q, k, v))
-                sc = scale if scale is not None else 1.0 / math.sqrt(d)
-                out = aten._scaled_dot_product_flash_attention(q, k, v, float(dropout_p), bool(is_causal), False,
-                                                               scale=sc)[0]
-                return out[..., :d] if d % 8 else out
+                sc = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+                return _on_padded_head(lambda q, k, v: aten._scaled_dot_product_flash_attention(
+                    q, k, v, float(dropout_p), bool(is_causal), False, scale=sc)[0], query, key, value)
             key, value = _gqa_expand(key, value, query.shape[-3], enable_gqa)
             bias = None if attn_mask is None else _bool_to_additive(attn_mask, query.dtype)
             if backend == EFFICIENT:
