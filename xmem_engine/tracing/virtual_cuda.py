@@ -362,44 +362,24 @@ class VirtualCuda:
         }
 
 
-def _generic(real: type, virtual: type) -> type:
-    """``torch.Stream`` / ``torch.Event`` while tracing: the virtual device's for the GPU (no
-    device named: the current accelerator, the GPU), the real class for any other device;
-    ``isinstance`` holds for both."""
+def _per_device(real: type, on_gpu: Callable[..., Any], default: Any = None, *virtual: type) -> type:
+    """``torch.Stream`` / ``torch.Event`` / ``torch.Generator`` while tracing: made by ``on_gpu``
+    where they name the GPU (an index, ``"cuda"``, or no device: the current accelerator), by
+    torch for any other device; ``isinstance`` holds for both kinds."""
+    kinds = (real, *virtual)
 
-    class Generic(type):
-        def __call__(cls, device: Any = None, *args: Any, **kwargs: Any) -> Any:
-            on_gpu = device is None or isinstance(device, int) or torch.device(device).type == "cuda"
-            if on_gpu:
-                return virtual(*args, **kwargs) if virtual is VirtualEvent else virtual(device, *args, **kwargs)
-            return real(device, *args, **kwargs)
-
-        def __instancecheck__(cls, obj: Any) -> bool:
-            return isinstance(obj, (real, virtual))
-
-        def __subclasscheck__(cls, sub: type) -> bool:
-            return issubclass(sub, (real, virtual))
-
-    return Generic(real.__name__, (), {"__doc__": real.__doc__, "__module__": "torch"})
-
-
-def _cpu_generator_for_gpu(real: type) -> type:
-    """``torch.Generator`` while tracing: for the GPU (diffusers' ``torch.Generator(device=
-    accelerator.device)``), a CPU generator, which the tracer's tensors (CPU ones underneath)
-    draw from; for any other device torch's own. ``isinstance`` holds."""
-
-    class Generator(type):
-        def __call__(cls, device: Any = "cpu") -> Any:
-            gpu = isinstance(device, int) or torch.device(device).type == "cuda"
-            return real("cpu") if gpu else real(device)
+    class PerDevice(type):
+        def __call__(cls, device: Any = default, *args: Any, **kwargs: Any) -> Any:
+            gpu = device is None or isinstance(device, int) or torch.device(device).type == "cuda"
+            return on_gpu(device, *args, **kwargs) if gpu else real(device, *args, **kwargs)
 
         def __instancecheck__(cls, obj: Any) -> bool:
-            return isinstance(obj, real)
+            return isinstance(obj, kinds)
 
         def __subclasscheck__(cls, sub: type) -> bool:
-            return issubclass(sub, real)
+            return issubclass(sub, kinds)
 
-    return Generator("Generator", (), {"__doc__": real.__doc__, "__module__": "torch"})
+    return PerDevice(real.__name__, (), {"__doc__": real.__doc__, "__module__": "torch"})
 
 
 class _DeviceContext(contextlib.nullcontext):
@@ -589,9 +569,12 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
         patch(torch._C, "_cuda_getCurrentRawStream", lambda device=None: vc.current_stream.stream_id)
         # Device-generic streams and events (torch.Stream(), torch.Event(device=...); transformers'
         # offloaded KV cache makes one) are the virtual device's where they name the GPU.
-        patch(torch, "Stream", _generic(torch.Stream, VirtualStream))
-        patch(torch, "Event", _generic(torch.Event, VirtualEvent))
-        patch(torch, "Generator", _cpu_generator_for_gpu(torch.Generator))
+        patch(torch, "Stream", _per_device(torch.Stream, VirtualStream, None, VirtualStream))
+        patch(torch, "Event", _per_device(torch.Event, lambda device, *a, **k: VirtualEvent(*a, **k), None, VirtualEvent))
+        # torch.Generator(device="cuda") (diffusers' scripts seed one): a CPU generator, which the
+        # tracer's tensors (CPU ones underneath) draw from; torch.Generator() is the CPU's
+        cpu_generator = torch.Generator
+        patch(torch, "Generator", _per_device(cpu_generator, lambda device: cpu_generator("cpu"), "cpu"))
         # The process's accelerator is the virtual GPU (FSDP2's default mesh asks torch._C).
         if hasattr(torch._C, "_get_accelerator"):
             patch(torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda"))

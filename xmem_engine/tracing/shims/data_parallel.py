@@ -33,10 +33,10 @@ UNMODELLED = ("nn.DataParallel over {n} GPUs is not modelled: xmem estimates one
               "(device_ids=[0]), or use DistributedDataParallel and `xmem estimate --world-size N`")
 
 
-def _index(device: Any, allow_cpu: bool = False) -> int:
+def _index(device: Any) -> int:
     from torch._utils import _get_device_index
 
-    return _get_device_index(device, optional=True, allow_cpu=allow_cpu)
+    return _get_device_index(device, optional=True)
 
 
 def scatter(tensor: torch.Tensor, devices: Sequence[Any] | None = None, chunk_sizes: Sequence[int] | None = None,
@@ -96,8 +96,8 @@ def _reduce_add_coalesced(inputs: Sequence[Any], *args: Any, **kwargs: Any) -> A
 
 def _copy_streams() -> Any:
     """``_functions._get_stream`` for one trace: each device's background copy stream, made on
-    the virtual GPU at first use (the original keeps them in a module global, across traces,
-    and makes them with ``torch.Stream``, which asks the real driver)."""
+    the virtual GPU at first use (the original keeps them in a module global, where one trace's
+    streams would outlive it and serve the next)."""
     streams: dict[int, Any] = {}
 
     def _get_stream(device: torch.device) -> Any:
