@@ -26,7 +26,7 @@ whole numbers, or would be negative, at some ``b`` end the family there (``trace
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 from xmem_engine.affine import NotAffine, OutOfRange as _Negative, evaluate as _eval, fit as _fit, varies as _has_linear
 from xmem_engine.trace import Trace, TraceEvent
@@ -211,6 +211,148 @@ class BatchFamily:
         return Trace(events=events, mode=self.mode, seconds=0.0, meta=meta)
 
 
+@dataclass
+class SymbolicFamily:
+    """Traces at any batch size from one trace whose batch size was a symbol
+    (``tracing/symbolic.py``): each request's size is an expression in it, evaluated at ``b``,
+    and the reductions' buffers are made from their plans there, as :class:`BatchFamily` makes
+    them. A ``b`` that breaks a guard the trace recorded is not answered (:meth:`trace_at`
+    gives None; :meth:`broken_at` says which guard)."""
+
+    batch: Any  # tracing.symbolic.SymbolicBatch
+    events: list  # _collapse's rows, sizes as SymInts
+    meta: dict
+    mode: str
+    kept_meta: dict
+
+    @classmethod
+    def of(cls, tr: Trace, batch: Any) -> "SymbolicFamily":
+        rows, meta = _collapse(tr)
+        return cls(batch, rows, meta, tr.mode, {k: v for k, v in tr.meta.items() if k in VOLATILE_META})
+
+    @property
+    def b0(self) -> int:
+        return self.batch.value
+
+    def broken_at(self, b: int) -> str | None:
+        return self.batch.broken_at(b)
+
+    def trace_at(self, b: int) -> Trace | None:
+        """The trace at batch size ``b``; None where a guard does not hold there."""
+        from xmem_engine.tracing.symbolic import Evaluator
+
+        if self.broken_at(b):
+            return None
+        at = Evaluator(self.batch.symbol, b)
+        try:
+            events, meta = _expand([at(r) for r in self.events], at(self.meta))
+        except ValueError:  # a size below zero there
+            return None
+        meta.update(self.kept_meta)
+        if b != self.b0:
+            meta["batch_family"] = {"from": [self.b0], "at": b, "symbolic": self.batch.variable}
+        return Trace(events=events, mode=self.mode, seconds=0.0, meta=meta)
+
+
+class NotSymbolic(Exception):
+    """The code could not be traced with the variable as a symbol, or it fixed the symbol at
+    its value (the message says where); the caller traces concrete values instead."""
+
+
+def symbolic_family(path: str, variable: str, value: int, **trace_kwargs: Any) -> SymbolicFamily:
+    """Trace a script once (fake mode) with its top-level ``variable`` a symbol worth ``value``
+    (``tracing/symbolic.py``): the trace at every size its guards allow. Raises
+    :class:`NotSymbolic` (:func:`symbolic_trace`)."""
+    from xmem_engine.tracing import trace_script
+
+    return symbolic_trace(variable, value, lambda batch: trace_script(path, mode="fake", symbolic=batch,
+                                                                      **trace_kwargs))
+
+
+def symbolic_trace(variable: str, value: int, run: Callable[[Any], Trace]) -> SymbolicFamily:
+    """``run(batch)`` traces the code with ``batch`` (a ``tracing.symbolic.SymbolicBatch``) as
+    its variable's value. Raises :class:`NotSymbolic` where the trace failed with the symbol (a
+    size the code or a library needs as a plain number; the error is the message), or pinned
+    it (``int(size)``, ``range(size)``: where, is the message)."""
+    from xmem_engine.tracing.symbolic import SymbolicBatch
+
+    try:
+        batch = SymbolicBatch.make(variable, value)
+    except ValueError as e:
+        raise NotSymbolic(str(e)) from None
+    try:
+        tr = run(batch)
+    except Exception as e:  # noqa: BLE001 - any failure means: trace the values one by one
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise NotSymbolic(f"{type(e).__name__}: {first[:300]}") from e
+    pinned = batch.pinned()
+    if pinned:
+        raise NotSymbolic(f"{variable} was fixed at {value}: {pinned}")
+    return SymbolicFamily.of(tr, batch)
+
+
+class SymbolicRegions:
+    """Traces at any value of one variable from as few symbolic traces as its guards allow:
+    a value that breaks a guard of every trace so far is traced (symbolically) at itself,
+    which holds its own region (the attention kernel a size picks, a branch in the code).
+    ``make(value)`` is :func:`symbolic_family` with the script's arguments bound."""
+
+    MAX_TRACES = 4  # then concrete traces, value by value (a variable the step branches on often)
+
+    def __init__(self, make: Callable[[int], SymbolicFamily]) -> None:
+        self.make = make
+        self.families: list[SymbolicFamily] = []
+        self.failed: dict[int, str] = {}  # value -> why it could not be traced symbolically
+
+    def family_at(self, b: int) -> SymbolicFamily:
+        """The symbolic trace whose guards hold at ``b``, made there where none does; raises
+        :class:`NotSymbolic` where ``b`` cannot be traced with a symbol."""
+        for fam in self.families:
+            if not fam.broken_at(b):
+                return fam
+        if b in self.failed:
+            raise NotSymbolic(self.failed[b])
+        if len(self.families) >= self.MAX_TRACES:
+            raise NotSymbolic(f"{len(self.families)} symbolic traces and {b} is in none of their regions")
+        try:
+            fam = self.make(b)
+        except NotSymbolic as e:
+            self.failed[b] = str(e)
+            raise
+        self.families.append(fam)
+        return fam
+
+    def known(self, b: int) -> Trace | None:
+        """The trace at ``b`` where a symbolic trace made so far holds it (no code run), else None."""
+        return next((tr for fam in self.families if (tr := fam.trace_at(b)) is not None), None)
+
+    def trace_at(self, b: int) -> Trace:
+        """The trace at ``b``; raises :class:`NotSymbolic` where it cannot come from a symbolic
+        trace (then trace ``b`` as it is)."""
+        tr = self.family_at(b).trace_at(b)
+        if tr is None:
+            raise NotSymbolic(f"a size would be below zero at {b}")
+        return tr
+
+    @property
+    def traced(self) -> list[int]:
+        return [f.b0 for f in self.families]
+
+    def describe(self) -> str:
+        """What the traces were and why there was more than one (a CLI / widget note)."""
+        if not self.families:
+            return "; ".join(f"{v} not symbolic: {why}" for v, why in self.failed.items())
+        parts = [f"traced once with {self.families[0].batch.variable} as a symbol, at "
+                 f"{', '.join(map(str, self.traced))}"]
+        for fam in self.families[1:]:
+            for other in self.families:
+                if other is not fam and (why := other.broken_at(fam.b0)):
+                    parts.append(f"{fam.b0} broke a guard of the trace at {other.b0}: {why}")
+                    break
+        parts += [f"{v} not symbolic: {why}" for v, why in self.failed.items()]
+        return "; ".join(parts)
+
+
 def branches_on(source: str, variable: str) -> str | None:
     """Where the code tests ``variable`` in a way a family cannot follow: for (in)equality
     (``batch == 3``, ``batch in (3, 5)``) or a remainder (``batch % 8``), which may hold between
@@ -248,6 +390,10 @@ def family_note(meta: dict) -> str | None:
     fam = meta.get("batch_family")
     if not fam:
         return None
+    if fam.get("symbolic"):
+        return (f"{fam['symbolic']} = {fam['at']} was not traced: the trace at {fam['from'][0]} with "
+                f"{fam['symbolic']} as a symbol gives each request's size as a formula in it, and this is "
+                f"that trace at {fam['at']} (every test the step made of the size holds there too)")
     (b0, b1), at = fam["from"], fam["at"]
     return (f"batch size {at} was not traced: the traces at {b0} and {b1} make the same requests, each "
             f"size a straight line in the batch size, and this is that line at {at}; a step that changes with "

@@ -64,6 +64,8 @@ def max_batch(
     limit: int = SEARCH_LIMIT,
     safe: bool = False,
     estimate_trace: Callable[[Any], Estimate] | None = None,
+    symbolic: Callable[[int], Any] | None = None,
+    fit_family: bool = True,
 ) -> BatchSearch:
     """The largest value ``v`` in [1, limit] with ``build(v).fits`` (0 if not even 1 fits);
     with ``safe``, with ``build(v).fits_safely``: the calibrated range's high end fits too.
@@ -84,6 +86,13 @@ def max_batch(
     outside them is traced for real, and the value above it, and they must be the family's,
     request for request, or a family is fitted there, or the search starts over with real
     traces only (``BatchSearch.family`` says which happened).
+
+    ``symbolic`` (a value -> ``batch_family.symbolic_family`` of the script at it), with
+    ``estimate_trace``: first, one trace with the variable as a symbol, which gives every value
+    its guards allow (one trace in all where the step does not branch on the value); a value
+    outside them gets a symbolic trace of its own. Where the first cannot be made symbolic,
+    the two-trace family above, unless ``fit_family`` is False (the code tests the value in a
+    way a family cannot follow: ``batch_family.branches_on``).
     """
     real: dict[int, Estimate] = {}
 
@@ -92,13 +101,22 @@ def max_batch(
             real[v] = build(v)
         return real[v]
 
-    if estimate_trace is None:
-        return _with_real(_search(built, start, limit, safe, real), real)
+    not_symbolic = ""
+    if symbolic is not None and estimate_trace is not None:
+        search = _symbolic_search(symbolic, estimate_trace, built, start, limit, safe)
+        if isinstance(search, BatchSearch):
+            search.traced = sorted(set(search.traced) | set(real))  # symbolic traces, and values traced as they are
+            return search
+        not_symbolic = search
+    if estimate_trace is None or not fit_family:
+        search = _search(built, start, limit, safe, real)
+        search.family = not_symbolic
+        return _with_real(search, real)
     from xmem_engine.batch_family import BatchFamily, NotAffine, same_trace
 
     family: list = []  # the family in use
     pair: list[int] = []  # the two values to fit it on: the first two traced, then two at a miss
-    dropped: list[str] = []
+    dropped: list[str] = [not_symbolic] if not_symbolic else []
     tried: set[tuple[int, ...]] = set()
 
     def fit() -> None:
@@ -158,6 +176,37 @@ def max_batch(
     search = _search(built, start, limit, safe, real)
     search.family = "; ".join(dropped)
     return _with_real(search, real)
+
+
+def _symbolic_search(symbolic: Callable[[int], Any], estimate_trace: Callable[[Any], Estimate],
+                     built: Callable[[int], Estimate], start: int, limit: int, safe: bool) -> BatchSearch | str:
+    """:func:`max_batch` over symbolic traces (``batch_family.SymbolicRegions``): the value
+    first traced holds every value its guards allow, and a value outside them is traced (as a
+    symbol) where it is; a value that cannot be made symbolic is traced as it is (``built``).
+    Returns why not, as text, where the first trace could not be made symbolic."""
+    from xmem_engine.batch_family import NotSymbolic, SymbolicRegions
+
+    regions = SymbolicRegions(symbolic)
+    first = max(2, min(start, limit))  # sizes 0 and 1 are specialised: a symbol starts at 2
+    try:
+        regions.trace_at(first)
+    except NotSymbolic as e:
+        return f"the batch could not be a symbol ({e})"
+    cache: dict[int, Estimate] = {}
+
+    def estimated(v: int) -> Estimate:
+        if v not in cache:
+            try:
+                cache[v] = estimate_trace(regions.trace_at(v))
+            except NotSymbolic:
+                cache[v] = built(v)
+        return cache[v]
+
+    search = _search(estimated, start, limit, safe, {})
+    search.family = regions.describe()
+    search.traced = regions.traced
+    search.estimate = estimated(max(search.value, 1))
+    return search
 
 
 #: the categories that grow with the batch (the others: the model's and optimizer's, fixed)

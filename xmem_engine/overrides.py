@@ -35,8 +35,11 @@ def parse_overrides(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _value_node(text: str) -> ast.expr:
-    """A literal (``64``, ``1e-3``, ``'adam'``, ``(2, 3)``, ``True``) or else the text as a string."""
+def _value_node(text: str | ast.expr) -> ast.expr:
+    """A literal (``64``, ``1e-3``, ``'adam'``, ``(2, 3)``, ``True``) or else the text as a string;
+    an expression node as it is (``tracing/symbolic.py``'s name for a symbolic batch)."""
+    if isinstance(text, ast.expr):
+        return text
     try:
         value: Any = ast.literal_eval(text.strip())
     except (ValueError, SyntaxError):

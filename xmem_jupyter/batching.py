@@ -11,6 +11,7 @@ namespace the cell runs in.
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 from xmem_engine.overrides import rewrite_source, top_level_literals
 
@@ -72,6 +73,19 @@ def current_batch(source: str, var: str, namespace: dict) -> int | None:
     if value is None:
         value = namespace.get(var)
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def with_symbolic_batch(source: str, var: str, batch: Any, ns: dict) -> tuple[str, dict]:
+    """The cell and a copy of its namespace with ``var`` a symbol (``batch``, a
+    ``tracing.symbolic.SymbolicBatch``): its top-level assignments take the symbol's name, or,
+    where the cell assigns none, the namespace holds it."""
+    from xmem_engine.tracing.symbolic import NAME, names
+
+    out, found = rewrite_source(source, {var: ast.Name(NAME, ast.Load())})
+    ns = {**ns, **names(batch)}
+    if var not in found:
+        ns[var] = batch.sym
+    return out, ns
 
 
 def with_batch(source: str, var: str, value: int) -> tuple[str, bool]:

@@ -12,13 +12,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from xmem_engine.batch_family import BatchFamily, NotAffine, branches_on, same_trace
+from xmem_engine.batch_family import (BatchFamily, NotAffine, NotSymbolic, SymbolicFamily, SymbolicRegions, branches_on,
+                                      same_trace, symbolic_trace)
 from xmem_engine.simulation.alloc_conf import parse_alloc_conf
 from xmem_engine.estimate import SEARCH_LIMIT, BatchSearch, Estimate, estimate_trace, max_batch, resolve_gpu
 from xmem_engine.trace import Trace
 from xmem_engine.tracing.shims.distributed import World
 
-from xmem_jupyter.batching import with_batch
+from xmem_jupyter.batching import with_batch, with_symbolic_batch
 from xmem_jupyter.cellcode import compile_cell
 
 
@@ -57,6 +58,10 @@ class Session:
     family: BatchFamily | None = None  # batch sizes not traced: from the first two traces (batch_family.py)
     family_note: str = ""  # why batch sizes are traced, not derived ("": no reason yet)
     derived_traces: dict[int, Trace] = field(default_factory=dict, repr=False)  # the family's, by batch size
+    # batch sizes from traces with the batch as a symbol (batch_family.SymbolicRegions), before any family
+    regions: SymbolicRegions | None = field(default=None, repr=False)
+    symbolic_note: str = ""  # why the batch could not be a symbol ("": it could, or it was not tried)
+    _setup: tuple = field(default=(), repr=False)  # what the symbolic trace being made takes (the widget's probe)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def trace(self, batch: int | None, setup: tuple[Callable, ...] = (), real: bool = False) -> Trace:
@@ -64,9 +69,12 @@ class Session:
         assigned back into the user's namespace; traces for other batch sizes run in a
         copy, so moving the slider never changes the user's variables.
 
-        Once two batch sizes are traced in fake mode and their traces are one family (the
-        same requests, sizes as functions of the batch, ``batch_family.py``), any other batch size
-        is the family's trace, no code run: the slider answers in milliseconds. ``real``
+        A second batch size is traced once with the batch as a symbol (``tracing/symbolic.py``):
+        that trace gives every batch size its guards allow, no code run, so the slider answers in
+        milliseconds; a size outside them gets a symbolic trace of its own. Where the batch cannot
+        be a symbol, once two batch sizes are traced in fake mode and their traces are one family
+        (the same requests, sizes as functions of the batch, ``batch_family.py``), any other batch
+        size is the family's trace. ``real``
         traces it anyway (the largest-batch search checks its answer on a real trace); a real
         trace that is not the family's ends the family, and every later size is traced."""
         with self.lock:
@@ -74,6 +82,8 @@ class Session:
                 return self.traces[batch]
             if not real and (derived := self.derived(batch)) is not None:
                 return derived
+            if not real and (symbolic := self._symbolic(batch, setup)) is not None:
+                return symbolic
             first = not self.traces
             tr = self._run(batch, self.namespace if first else dict(self.namespace), setup=setup)
             self.traces[batch] = tr
@@ -97,6 +107,12 @@ class Session:
             self.lock.release()
 
     def _derived(self, batch: int) -> Trace | None:
+        if self.regions is not None:
+            if batch not in self.derived_traces:
+                if (tr := self.regions.known(batch)) is None:
+                    return None
+                self.derived_traces[batch] = tr
+            return self.derived_traces[batch]
         if self.family is None and not self.family_note:
             real = [(b, t) for b, t in self.traces.items() if b is not None]
             if len(real) < 2:
@@ -122,6 +138,37 @@ class Session:
             self.derived_traces[batch] = tr
         return self.derived_traces[batch]
 
+    def _symbolic(self, batch: int | None, setup: tuple[Callable, ...] = ()) -> Trace | None:
+        """``batch``'s trace from a trace with the batch as a symbol, made now where none holds
+        ``batch``; None where the batch cannot be a symbol (``symbolic_note`` says why)."""
+        if batch is None or batch < 2 or not self.batch_var or self.symbolic_note or not self.traces \
+                or self.mode == "real" or any(t.mode != "fake" for t in self.traces.values()):
+            return None
+        try:
+            tr = self._family_at(batch, setup).trace_at(batch)
+        except NotSymbolic:
+            return None
+        if tr is not None:
+            self.derived_traces[batch] = tr
+        return tr
+
+    def _family_at(self, batch: int, setup: tuple[Callable, ...] = ()) -> SymbolicFamily:
+        """The symbolic trace that holds ``batch`` (made at ``batch`` where none does yet);
+        raises NotSymbolic, after which the session traces each batch size as it is."""
+        var = self.batch_var or ""
+        if self.symbolic_note:
+            raise NotSymbolic(self.symbolic_note)
+        if self.regions is None:
+            self.regions = SymbolicRegions(lambda b: symbolic_trace(
+                var, b, lambda sb: self._run(b, dict(self.namespace), self._setup, symbolic=sb)))
+        self._setup = setup
+        try:
+            return self.regions.family_at(batch)
+        except NotSymbolic as e:
+            if not self.regions.families:
+                self.symbolic_note, self.regions = str(e), None
+            raise
+
     def fresh_trace(self, batch: int | None, gpu: str | None = None) -> Trace:
         """The cell for ``batch`` traced again in a copy of the namespace, for ``gpu`` (default:
         the first), not cached: a trace under the advisor's patches must not stand in for the
@@ -129,18 +176,22 @@ class Session:
         with self.lock:
             return self._run(batch, dict(self.namespace), gpu=gpu)
 
-    def _run(self, batch: int | None, ns: dict, setup: tuple[Callable, ...] = (), gpu: str | None = None) -> Trace:
+    def _run(self, batch: int | None, ns: dict, setup: tuple[Callable, ...] = (), gpu: str | None = None,
+             symbolic: object = None) -> Trace:
         from xmem_engine.tracing import trace
 
-        source = self.source
-        if batch is not None and batch != self.batch:
+        source, mode = self.source, self.mode
+        if symbolic is not None:  # the batch as a symbol (tracing/symbolic.py), in fake mode
+            source, ns, mode = *with_symbolic_batch(source, self.batch_var or "", symbolic, ns), "fake"
+            setup = (*setup, lambda t: setattr(t, "symbolic", symbolic))
+        elif batch is not None and batch != self.batch:
             source, assigned = with_batch(self.source, self.batch_var or "", batch)
             if not assigned and self.batch_var:
                 ns = dict(ns) if ns is self.namespace else ns
                 ns[self.batch_var] = batch
         target = resolve_gpu(gpu or self.gpus[0])
         code = compile_cell(source, self.filename, self.iterations)
-        return trace(code, ns, mode=self.mode, device=target.properties(), filename=self.filename, setup=setup,
+        return trace(code, ns, mode=mode, device=target.properties(), filename=self.filename, setup=setup,
                      world=self.world, compile=self.compile)
 
     def with_compile(self, compile: str) -> "Session":
@@ -148,7 +199,8 @@ class Session:
         eagerly), its own traces and estimates; it traces in a copy of the namespace, so the
         widget's compile toggle never changes the user's variables."""
         return replace(self, compile=compile, namespace=dict(self.namespace), traces={}, estimates={},
-                       searches={}, family=None, family_note="", derived_traces={}, lock=threading.RLock())
+                       searches={}, family=None, family_note="", derived_traces={}, regions=None, symbolic_note="",
+                       lock=threading.RLock())
 
     def estimate(self, batch: int | None, gpu: str, conf: str | None = None,
                  setup: tuple[Callable, ...] = (), real: bool = False) -> Estimate:
@@ -181,7 +233,8 @@ class Session:
                 raise ValueError("the largest batch needs --batch-var")
             build = lambda b: self.estimate(b, gpu, conf, real=True)  # noqa: E731
             start = self.batch or 1
-            family = None if branches_on(self.source, self.batch_var) else \
-                (lambda tr: estimate_trace(tr, gpu, conf))  # values between two traces (batch_family.py)
-            self.searches[(gpu, conf)] = max_batch(build, start=start, limit=max(limit, start), estimate_trace=family)
+            symbolic = None if self.mode == "real" else self._family_at  # one trace, the batch a symbol
+            self.searches[(gpu, conf)] = max_batch(
+                build, start=start, limit=max(limit, start), estimate_trace=lambda tr: estimate_trace(tr, gpu, conf),
+                symbolic=symbolic, fit_family=not branches_on(self.source, self.batch_var))  # batch_family.py
         return self.searches[(gpu, conf)].value

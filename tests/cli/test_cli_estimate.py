@@ -58,13 +58,19 @@ def test_max_batch(capsys):
     assert not over["fits"]
 
 
-def test_max_batch_traces_each_value_of_a_script_that_tests_the_batch_for_a_value(tmp_path, capsys):
+def test_max_batch_of_a_script_that_tests_the_batch_for_a_value(tmp_path, capsys):
+    # the test is a guard of the symbolic trace (even sizes): an odd size gets a symbolic trace
+    # of its own; the answer is the real traces' (it fits, the size above does not)
     script = tmp_path / "odd.py"
     script.write_text("import torch\nbatch_size = 8\nif batch_size % 2:\n    extra = torch.empty(2**28, device='cuda')\n"
                       "x = torch.empty(batch_size, 2**20, device='cuda')\n")
     res = json.loads(run(capsys, "estimate", str(script), "--gpu", "T4", "--max-batch", "batch_size", "--json")[1])
-    assert res["traced"] == res["tried"] and not res["family"]  # no batch family: the odd sizes differ
-    assert res["max_value"] > 0
+    assert len(res["traced"]) == 2 and res["traced"][0] == 8 and res["traced"][1] % 2 == 1
+    assert "broke a guard of the trace at 8" in res["family"]
+    v = res["max_value"]
+    fits = [json.loads(run(capsys, "estimate", str(script), "--gpu", "T4", "--set", f"batch_size={b}", "--json")[1])["fits"]
+            for b in (v, v + 1)]
+    assert fits == [True, False]
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -404,28 +404,57 @@ def test_each_point_starts_in_the_sweeps_folder_and_environment(tmp_path, monkey
     assert os.getcwd() == str(tmp_path) and "XMEM_TEST_LEAK" not in os.environ
 
 
-def test_a_batch_axis_is_traced_at_its_ends_and_the_rest_is_the_family(tmp_path, monkeypatch):
-    """issue #34: 4 batch sizes x 2 GPUs from two traces; each row equals --exact's (a trace
-    per point), and the rows not traced say so."""
+def _counting(monkeypatch) -> tuple[list[str], list[int]]:
+    """The values the sweep traces as they are, and those it traces with the batch a symbol."""
+    import xmem_engine.batch_family as bf
     import xmem_engine.sweep.engine as sw
 
-    script = tmp_path / "mlp.py"
-    script.write_text(TINY.replace('if batch == 3:\n    raise ValueError("batch 3 is not supported")\n', ""))
     traced: list[str] = []
-    real_trace = sw._trace
+    symbolic: list[int] = []
+    real_trace, real_symbolic = sw._trace, bf.symbolic_family
     monkeypatch.setattr(sw, "_trace", lambda unit, settings: traced.append(settings["batch"]) or
                         real_trace(unit, settings))
+    monkeypatch.setattr(bf, "symbolic_family", lambda path, var, v, **kw: symbolic.append(v) or
+                        real_symbolic(path, var, v, **kw))
+    return traced, symbolic
+
+
+def test_a_batch_axis_is_one_symbolic_trace(tmp_path, monkeypatch):
+    """issue #34: 4 batch sizes x 2 GPUs from one trace with the batch a symbol; each row equals
+    --exact's (a trace per point), and the rows not traced say so. The cell's test of the batch
+    for a value (batch == 3) is a guard the other values keep."""
+    script = tmp_path / "mlp.py"
+    script.write_text(TINY)
+    traced, symbolic = _counting(monkeypatch)
     values = ["8", "16", "24", "40"]
     rows = sweep(str(script), ["T4", "A100-40GB"], {"batch": values}, engine="serial")
-    assert sorted(traced, key=int) == ["8", "40"]
+    assert traced == [] and symbolic == [8]
     exact = sweep(str(script), ["T4", "A100-40GB"], {"batch": values}, engine="serial", exact=True)
-    assert len(traced) == 2 + 8  # --exact: a trace per value and GPU
+    assert len(traced) == 8 and symbolic == [8]  # --exact: a trace per value and GPU
+    assert [(r.settings, r.gpu, r.peak_device_bytes, r.peak_reserved_bytes) for r in rows] == \
+           [(r.settings, r.gpu, r.peak_device_bytes, r.peak_reserved_bytes) for r in exact]
+    for r in rows:
+        assert any("was not traced" in n for n in r.notes) == (r.settings["batch"] != "8"), r
+
+
+def test_a_batch_axis_that_cannot_be_symbolic_is_traced_at_its_ends_and_the_rest_is_the_family(tmp_path, monkeypatch):
+    """issue #34: where the batch cannot be a symbol (here: range() over it), two traces and
+    their family; a script that tests the batch for a value (batch == 3) may differ between the
+    ends: every value traced."""
+    script = tmp_path / "mlp.py"
+    pinned = TINY.replace('if batch == 3:\n    raise ValueError("batch 3 is not supported")\n', "") + \
+        "ids = list(range(batch))\n"
+    script.write_text(pinned)
+    traced, symbolic = _counting(monkeypatch)
+    values = ["8", "16", "24", "40"]
+    rows = sweep(str(script), ["T4", "A100-40GB"], {"batch": values}, engine="serial")
+    assert sorted(traced, key=int) == ["8", "40"] and symbolic == [8]
+    exact = sweep(str(script), ["T4", "A100-40GB"], {"batch": values}, engine="serial", exact=True)
     assert [(r.settings, r.gpu, r.peak_device_bytes, r.peak_reserved_bytes) for r in rows] == \
            [(r.settings, r.gpu, r.peak_device_bytes, r.peak_reserved_bytes) for r in exact]
     for r in rows:
         assert any("was not traced" in n for n in r.notes) == (r.settings["batch"] in ("16", "24")), r
-    # a script that tests the batch for a value (batch == 3) may differ between the ends: traced
-    script.write_text(TINY)
+    script.write_text(TINY + "ids = list(range(batch))\n")
     traced.clear()
     sweep(str(script), ["T4"], {"batch": values}, engine="serial")
     assert sorted(traced, key=int) == values

@@ -94,6 +94,7 @@ def test_expandable_toggle_reports_what_it_saves(session):
 def test_batch_slider_retraces_and_caches(session, threaded):
     session.traces.pop(64, None)
     session.family, session.family_note = None, ""
+    session.regions, session.symbolic_note = None, ""
     session.derived_traces.clear()
     session.estimates = {k: v for k, v in session.estimates.items() if k[0] != 64}
     w = XmemWidget(session.estimate(32, "A100-SXM4-40GB"), session=session, threaded=threaded)
@@ -104,38 +105,48 @@ def test_batch_slider_retraces_and_caches(session, threaded):
     _wait(w)
     assert w.batch == 64 and w.est.peak_allocated_bytes > peak32
     assert w.charts.flame_source.data["right"].max() == w.flame.x_end  # redrawn for the new trace
-    assert 64 in session.traces
+    assert 64 not in session.traces and session.regions.traced == [64]  # traced once, the batch a symbol
     traces_before = dict(session.traces)
     w.batch_slider.value = 32  # cached: no trace
     assert session.traces == traces_before and w.est.peak_allocated_bytes == peak32
     assert session.namespace == ns_before == {"batch": 32, "_": 1}  # the slider never writes to the user's namespace
 
 
-def test_after_two_traces_the_slider_takes_the_batch_family_without_tracing():
-    s = Session(source=CELL, namespace={}, gpus=["A100-SXM4-40GB"], batch_var="batch", batch=32,
+@pytest.mark.parametrize("symbolic", [True, False], ids=["symbolic", "two-traces"])
+def test_after_a_second_trace_the_slider_runs_no_code(symbolic):
+    # the batch as a symbol: one trace at the second size holds every size; where the cell needs
+    # it as a number (here a made-up range() over it), the family of two real traces does
+    cell = CELL if symbolic else CELL + "ids = list(range(batch))\n"
+    s = Session(source=cell, namespace={}, gpus=["A100-SXM4-40GB"], batch_var="batch", batch=32,
                 batch_values=[16, 32, 48, 64])
     w = XmemWidget(s.estimate(32, "A100-SXM4-40GB"), session=s, threaded=False)
     w.batch_slider.value = 64  # the second batch size: traced
-    assert sorted(s.traces) == [32, 64] and "was not traced" not in " ".join(w.est.notes)
+    assert sorted(s.traces) == ([32] if symbolic else [32, 64]) and "was not traced" not in " ".join(w.est.notes)
+    assert (s.regions.traced == [64]) if symbolic else ("batch was fixed at 64" in s.symbolic_note)
     charts = w.charts
-    w.batch_slider.value = 48  # the family of 32 and 64: no code run
-    assert sorted(s.traces) == [32, 64] and w.batch == 48
+    w.batch_slider.value = 48  # no code run
+    assert sorted(s.traces) == ([32] if symbolic else [32, 64]) and w.batch == 48
     assert w.charts is charts  # the same events: the charts' data is patched, not rebuilt and resent
-    assert any("batch size 48 was not traced" in n for n in w.est.notes)
+    assert any(("batch = 48 was not traced" if symbolic else "batch size 48 was not traced") in n
+               for n in w.est.notes)
     real = estimate_trace(s.fresh_trace(48), "A100-SXM4-40GB")
     assert same_trace(w.est.trace, real.trace)
     assert (w.est.peak_allocated_bytes, w.est.peak_reserved_bytes) == (real.peak_allocated_bytes,
                                                                        real.peak_reserved_bytes)
     w.batch_slider.value = 16  # below both: the family still
-    assert sorted(s.traces) == [32, 64] and w.est.peak_allocated_bytes < real.peak_allocated_bytes
+    assert sorted(s.traces) == ([32] if symbolic else [32, 64]) and w.est.peak_allocated_bytes < real.peak_allocated_bytes
+
+
+# the cell's own branch on the batch size (line 5): above 600 it keeps one more buffer
+BRANCH_CELL = ("import torch\nbatch = 8\nw = torch.zeros(256, 256, device='cuda', requires_grad=True)\n"
+               "x = torch.randn(batch, 256, device='cuda')\n"
+               "keep = torch.empty(batch * 64, 256, device='cuda') if batch > 600 else None\n"
+               "(x @ w).square().sum().backward()\n")
 
 
 def test_a_real_trace_the_family_does_not_make_ends_the_family():
-    cell = ("import torch\nbatch = 8\nw = torch.zeros(256, 256, device='cuda', requires_grad=True)\n"
-            "x = torch.randn(batch, 256, device='cuda')\n"
-            "keep = torch.empty(batch * 64, 256, device='cuda') if batch > 600 else None\n"
-            "(x @ w).square().sum().backward()\n")
-    s = Session(source=cell, namespace={}, gpus=["T4"], batch_var="batch", batch=8, batch_values=[8, 16])
+    s = Session(source=BRANCH_CELL, namespace={}, gpus=["T4"], batch_var="batch", batch=8, batch_values=[8, 16])
+    s.symbolic_note = "off for this test: the family of two real traces"
     s.estimate(8, "T4"), s.estimate(16, "T4")
     wrong = s.estimate(700, "T4")  # the family's: it misses the branch
     assert s.family is not None and wrong.trace.meta.get("batch_family")
@@ -145,6 +156,16 @@ def test_a_real_trace_the_family_does_not_make_ends_the_family():
     assert s.estimate(700, "T4") is right
     s.estimate(300, "T4")
     assert 300 in s.traces  # traced: no family any more
+
+
+def test_a_branch_on_the_batch_is_a_guard_of_the_symbolic_trace_and_traced_past():
+    s = Session(source=BRANCH_CELL, namespace={}, gpus=["T4"], batch_var="batch", batch=8, batch_values=[8, 16])
+    s.estimate(8, "T4"), s.estimate(16, "T4")
+    assert s.regions.traced == [16] and s.regions.families[0].broken_at(700).startswith("<cell>:5: ")
+    past = s.estimate(700, "T4")  # past the guard (batch <= 600): a symbolic trace of its own
+    assert s.regions.traced == [16, 700] and sorted(s.traces) == [8]
+    assert same_trace(past.trace, s.fresh_trace(700))
+    assert same_trace(s.estimate(300, "T4").trace, s.fresh_trace(300)) and s.regions.traced == [16, 700]
 
 
 def test_largest_batch_readout():
@@ -328,10 +349,15 @@ def test_the_family_is_not_waited_for_while_another_thread_traces():
     assert s.derived(56) is not None
 
 
-def test_a_cell_that_tests_the_batch_for_a_value_is_traced_at_each_size():
+@pytest.mark.parametrize("symbolic", [True, False], ids=["symbolic", "two-traces"])
+def test_a_cell_that_tests_the_batch_for_a_value_is_traced_at_that_value(symbolic):
     cell = CELL.replace("batch = 32\n", "batch = 32\nif batch == 48:\n    raise ValueError('48 is not supported')\n")
     s = Session(source=cell, namespace={}, gpus=["T4"], batch_var="batch", batch=32, batch_values=[32, 64])
+    s.symbolic_note = "" if symbolic else "off for this test"
     s.estimate(32, "T4"), s.estimate(64, "T4")
-    assert s.derived(40) is None and "batch == 48" in s.family_note
+    if symbolic:  # the test is a guard (batch != 48): every other size is the symbolic trace's
+        assert s.derived(40) is not None and "Ne(" in s.regions.families[0].broken_at(48)
+    else:  # a family of two traces cannot see it: each size is traced
+        assert s.derived(40) is None and "batch == 48" in s.family_note
     with pytest.raises(ValueError, match="48 is not supported"):
         s.estimate(48, "T4")  # a family of 32 and 64 would have shown a peak

@@ -484,7 +484,10 @@ def _world_args(args) -> tuple[list, bool]:
 def _cmd_estimate(args) -> int:
     import os
 
-    from xmem_engine.estimate import estimate_script, estimate_trace, max_batch, script_branches_on
+    from functools import partial
+
+    from xmem_engine.batch_family import symbolic_family
+    from xmem_engine.estimate import estimate_script, estimate_trace, max_batch, resolve_gpu, script_branches_on
 
     # Everything the user gave is checked before the script runs.
     gpu, overrides = script_inputs(args)
@@ -517,9 +520,13 @@ def _cmd_estimate(args) -> int:
         with quiet:
             if args.max_batch:
                 family = lambda tr: estimate_trace(tr, gpu, args.alloc_conf, torch_version=args.torch_version)  # noqa: E731
-                follow = len(worlds) == 1 and not script_branches_on(args.script, args.max_batch)
+                one = len(worlds) == 1  # the batch as a symbol, else two traces' family (batch_family.py)
+                symbolic = partial(symbolic_family, args.script, args.max_batch, overrides=overrides, world=worlds[0],
+                                   device=resolve_gpu(gpu).properties(), max_iterations=args.iterations,
+                                   torch_version=args.torch_version, argv=args.script_args) if one and args.mode != "real" else None
                 search = max_batch(lambda v: run({**overrides, args.max_batch: str(v)}), start=start, safe=args.safe,
-                                   estimate_trace=family if follow else None)  # batch_family.py
+                                   estimate_trace=family if one else None, symbolic=symbolic,
+                                   fit_family=not script_branches_on(args.script, args.max_batch))
                 est = search.estimate
             else:
                 est = run(overrides)

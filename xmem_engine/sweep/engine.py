@@ -226,7 +226,7 @@ def _family_rows(unit: Unit) -> list[Row]:
     """The rows of every value of ``unit.family``: traced at the smallest and the largest, the
     values between them from the two traces' family (``batch_family.py``: no code run; each
     row's notes say so); every value traced where the two are not one family."""
-    from xmem_engine.batch_family import BatchFamily, NotAffine, branches_on
+    from xmem_engine.batch_family import BatchFamily, NotAffine, NotSymbolic, branches_on
 
     points = {v: p for v, p in zip(unit.values, unit.each())}
     traces: dict[str, Any] = {}
@@ -242,6 +242,16 @@ def _family_rows(unit: Unit) -> list[Row]:
         return traces.get(v)
 
     lo, hi = min(unit.values, key=int), max(unit.values, key=int)
+    regions = _symbolic_regions(unit, unit.family or "", int(lo))
+    if regions is not None:  # one trace with the variable as a symbol (more where a value breaks its guards)
+        rows = []
+        for v in unit.values:
+            try:
+                tr = regions.trace_at(int(v))
+            except NotSymbolic:
+                tr = real(v)
+            rows += failed[v] if tr is None else _estimated(points[v], tr)
+        return rows
     family = None
     if branches_on(unit.source, unit.family or "") is None and real(lo) is not None and real(hi) is not None \
             and traces[lo].mode == traces[hi].mode == "fake":
@@ -252,6 +262,27 @@ def _family_rows(unit: Unit) -> list[Row]:
         tr = traces.get(v) or (family.trace_at(int(v)) if family is not None else None) or real(v)
         rows += failed[v] if tr is None else _estimated(points[v], tr)
     return rows
+
+
+def _symbolic_regions(unit: Unit, var: str, first: int) -> Any:
+    """``batch_family.SymbolicRegions`` of the unit's script over ``var``, its first trace made
+    at ``first`` (at least 2); None where that trace could not be made symbolic, or in real mode."""
+    from xmem_engine.batch_family import NotSymbolic, SymbolicRegions, symbolic_family
+    from xmem_engine.estimate import resolve_gpu
+    from xmem_engine.tracing.shims.distributed import World
+
+    if unit.mode == "real":
+        return None
+    settings = {k: v for k, v in unit.settings.items() if k != var}
+    regions = SymbolicRegions(lambda v: symbolic_family(
+        unit.path, var, v, overrides=settings, source=unit.source, device=resolve_gpu(unit.traced_for).properties(),
+        max_iterations=unit.iterations, torch_version=unit.torch_version,
+        world=World(unit.world_size) if unit.world_size else None))
+    try:
+        regions.trace_at(max(2, first))
+    except NotSymbolic:
+        return None
+    return regions
 
 
 def _estimated(unit: Unit, tr: Any) -> list[Row]:
@@ -300,13 +331,15 @@ def _search_rows(unit: Unit) -> list[Row]:
 
     rows = []
     follow = branches_on(unit.source, var) is None  # values between two traces from their family
+    regions = _symbolic_regions(unit, var, unit.start)  # shared by the targets: each traces once
+    symbolic = (lambda v: regions.family_at(v)) if regions is not None else None
     for gpu, conf in unit.targets:
         t0 = time.perf_counter()
         try:
             search = max_batch(lambda v: estimate_trace(trace_at(v), gpu, conf, torch_version=unit.torch_version),
                                start=unit.start, safe=unit.safe, estimate_trace=(
-                                   lambda tr: estimate_trace(tr, gpu, conf, torch_version=unit.torch_version))
-                               if follow else None)
+                                   lambda tr: estimate_trace(tr, gpu, conf, torch_version=unit.torch_version)),
+                               symbolic=symbolic, fit_family=follow)
         except _TraceFailed as e:
             rows.append(_failed(unit, gpu, conf, f"at {var}={e.value}: {describe_error(e.error, unit.path)}",
                                 time.perf_counter() - t0))

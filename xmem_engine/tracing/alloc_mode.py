@@ -35,6 +35,7 @@ from xmem_engine.tracing.kernels.grad_accumulation import BackwardInPlace
 from xmem_engine.tracing.fake.guesses import BEFORE_FAKE
 from xmem_engine.tracing.host_memory import CHECK_BYTES
 from xmem_engine.tracing.scope import CPU, CallScope, Device
+from xmem_engine.tracing.symbolic import is_symbolic
 from xmem_engine.tracing.tracer import Tracer, tensors_in
 from xmem_engine.tracing.ops import register
 
@@ -353,6 +354,8 @@ class AllocMode(TorchDispatchMode):
         and host-side logic see real values. A host factory runs fake first to learn its size:
         a big one (a weight matrix before ``.cuda()``) stays fake, so that building a large
         model costs no host memory."""
+        if is_symbolic(args) or is_symbolic(kwargs):  # sized by a symbolic batch (symbolic.py): no real tensor has that size
+            return func(*args, **kwargs)
         numel = _factory_numel(args) if factory else None
         if factory and (numel is None or numel * 8 > HOST_REAL_BYTES):
             try:

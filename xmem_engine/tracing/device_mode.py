@@ -26,6 +26,7 @@ from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import as_torch_error, user_frame
 from xmem_engine.tracing.fake.placeholders import placeholder
 from xmem_engine.tracing.scope import CPU, CallScope, Device
+from xmem_engine.tracing.symbolic import full_slices
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.ops import register
 
@@ -134,6 +135,8 @@ class DeviceMode(TorchFunctionMode):
         if h is not None:
             return h(func, args, kwargs)
         tr = self.t
+        if tr.symbolic is not None and (func is _T.__getitem__ or func is _T.__setitem__):
+            args = (args[0], full_slices(args[0], args[1]), *args[2:])  # symbolic.py
         if kwargs.get("pin_memory"):  # page-locked host memory needs a driver; it holds no GPU memory
             kwargs = {**kwargs, "pin_memory": False}
         dev = kwargs.get("device")

@@ -39,6 +39,7 @@ from xmem_engine.tracing.errors import (
 )
 from xmem_engine.tracing.frames import count_as_user, entry_point, run_user_code, trim_traceback
 from xmem_engine.tracing.shims.generation import generation_in_fake_mode
+from xmem_engine.tracing.symbolic import symbolic_tracing
 from xmem_engine.tracing.shims.transformers_tracing import fake_tensors_are_not_traced
 from xmem_engine.tracing.patches import (
     INIT_FUNCTIONS,
@@ -435,7 +436,10 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
             # traceback of its own; the error itself reaches the user's code.
             stack.enter_context(logger_level("torch._subclasses.fake_tensor", logging.CRITICAL))
             stack.enter_context(out_variant_metas())  # Inductor's _scaled_mm(out=): no real fallback
-            fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            symbolic = {"shape_env": tracer.symbolic.env, "static_shapes": True} if tracer.symbolic else {}
+            fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True, **symbolic))
+            if symbolic:  # composite ops kept symbolic, not pinned by C++ (symbolic.py)
+                stack.enter_context(symbolic_tracing(tracer.symbolic))
             tracer.fake_mode = fake_mode
             tracer.shadows = Shadows()
             tracer.guesses = Guesses(tracer.shadows, fake_mode)

@@ -27,30 +27,45 @@ def trace_script(
     world: Any = None,
     argv: list[str] | None = None,
     compile: str | None = None,
+    symbolic: Any = None,
 ) -> Trace:
     """Trace a training script as ``python SCRIPT`` would run it (``__name__ == "__main__"``,
     its directory first on ``sys.path``, ``sys.argv == [SCRIPT, *argv]``). ``max_iterations`` as in
     :func:`xmem_engine.tracing.trace`. ``source``: the script's text, read earlier (``xmem
     sweep`` ships it to workers that may lack the file); ``path`` still names it, so
-    tracebacks and notes show the user's file and lines."""
+    tracebacks and notes show the user's file and lines. ``symbolic``: a
+    :class:`~xmem_engine.tracing.symbolic.SymbolicBatch` whose variable's top-level assignment
+    takes its symbol instead (fake mode only)."""
     path = os.path.abspath(path)
+    setup: list = []
+    if symbolic is not None:
+        import ast
+
+        from xmem_engine.tracing.symbolic import NAME, names
+
+        if mode != "fake":
+            raise ValueError(f"a symbolic {symbolic.variable} needs mode='fake', not {mode!r}")
+        overrides = {**(overrides or {}), symbolic.variable: ast.Name(NAME, ast.Load())}
+        setup.append(lambda tracer: setattr(tracer, "symbolic", symbolic))
     code = load_script(path, overrides, source)
     if source is not None:  # the lines notes and tracebacks quote: this text, not the disk's
         linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
+    if symbolic is not None:
+        namespace.update(names(symbolic))
     old_argv, old_path = sys.argv, list(sys.path)
     sys.argv = [path, *(argv or ())]
     sys.path.insert(0, os.path.dirname(path))
     try:
         tr = trace(code, namespace, mode=mode, allocator=allocator, device=device, filename=path,
                    max_iterations=max_iterations, torch_version=torch_version, world=world,
-                   compile=compile)
+                   compile=compile, setup=setup)
     finally:
         sys.argv = old_argv
         sys.path[:] = old_path
     tr.meta["script"] = path
     if overrides:
-        tr.meta["overrides"] = dict(overrides)
+        tr.meta["overrides"] = {k: v for k, v in overrides.items() if isinstance(v, str)}
     if argv:
         tr.meta["argv"] = list(argv)
     return tr

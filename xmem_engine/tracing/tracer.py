@@ -43,6 +43,7 @@ from xmem_engine.tracing.errors import StopTracing
 from xmem_engine.tracing.frames import as_torch_error, op_name, user_frame
 from xmem_engine.tracing.patches import patched_attr
 from xmem_engine.tracing.scope import CallScope
+from xmem_engine.tracing.symbolic import hint
 from xmem_engine.tracing.kernels.cuda_temporaries import device_of
 from xmem_engine.tracing.shims.distributed import World
 from xmem_engine.tracing.fake.guesses import Guesses
@@ -149,8 +150,7 @@ class Tracer:
         self.notes: list[str] = []  # what the estimate should tell about how this run was traced
         self.torch_target: tuple[int, int] | None = None  # the GPU run's PyTorch, when not this one
         self.real_ops: dict[str, int] = {}  # fake mode: ops run for real (no fake kernel), by name
-        # unified memory outside the caching allocator (bitsandbytes' paged optimizer states)
-        self.managed_bytes = 0
+        self.managed_bytes = 0  # unified memory outside the caching allocator (bitsandbytes' paged optimizer states)
         # torch.compile (torch_compile.py): "inductor" compiles for the target GPU, "eager" runs
         # compiled code eagerly; ``in_dynamo`` while a compiled function is called (the traced
         # tensors report cuda to Dynamo), ``compiling`` while a compiler runs (the modes let its
@@ -180,10 +180,10 @@ class Tracer:
         self._closed = False
         self._extra_blocks: dict[int, Any] = {}
         self.fake_mode: Any = None  # the FakeTensorMode, in fake mode
+        self.symbolic: Any = None  # a symbolic.SymbolicBatch: the batch as a symbol (fake mode)
         self.device_mode: Any = None  # the DeviceMode (device_mode.py), while recording
         self.user_state: UserState | None = None  # copy-on-write of the user's tensors
-        # real mode: the host memory its real tensors may take (host_memory.py)
-        self.host_budget: HostBudget | None = None
+        self.host_budget: HostBudget | None = None  # real mode: the host memory its real tensors may take (host_memory.py)
         self.live_bytes = 0  # bytes of GPU storages alive now, and the most at any time
         self.peak_live_bytes = 0
 
@@ -203,7 +203,7 @@ class Tracer:
             if not event.phase:
                 event.phase = self.phase
             event.iteration = self.iteration
-            self._extra_blocks[event.id] = self.allocator.malloc(event.bytes, event.stream)
+            self._extra_blocks[event.id] = self.allocator.malloc(hint(event.bytes), event.stream)
         elif event.kind == FREE and event.id in self._extra_blocks:
             self.allocator.free(self._extra_blocks.pop(event.id))
         self.events.append(event)
@@ -353,13 +353,13 @@ class Tracer:
                     iteration=self.iteration,
                 )
                 try:
-                    block = self.allocator.malloc(nbytes, ev.stream)
+                    block = self.allocator.malloc(hint(nbytes), ev.stream)
                 except RuntimeError as e:  # the simulated device is full (capacity / memory fraction)
                     if type(e).__name__ != "OutOfMemoryError":
                         raise
                     raise as_torch_error(torch.OutOfMemoryError(f"CUDA out of memory (simulated by xmem). {e}")) from None
                 self.events.append(ev)
-                self.live_bytes += nbytes
+                self.live_bytes += hint(nbytes)
                 if self.live_bytes > self.peak_live_bytes:
                     self.peak_live_bytes = self.live_bytes
             self.live[key] = Live(ev, block, weakref.ref(st, self._storage_died(key)), nbytes)
@@ -396,7 +396,7 @@ class Tracer:
         if rec is None or rec.event is None:
             return
         a = rec.event
-        self.live_bytes -= a.bytes
+        self.live_bytes -= hint(a.bytes)
         self.events.append(
             TraceEvent(FREE, id=a.id, bytes=a.bytes, stream=a.stream, category=a.category, op=a.op,
                        module=self.current_module(), phase=self.phase, dtype=a.dtype, shape=a.shape,

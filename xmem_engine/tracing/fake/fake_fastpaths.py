@@ -319,12 +319,22 @@ def _computer(func: Any) -> Callable[..., Any]:
     return compute
 
 
+def _same_sizes(a: Any, b: Any) -> bool:
+    """Sizes equal as written (a symbolic batch's sizes as the same expression), without the
+    guard a comparison of two SymInts would add (``tracing/symbolic.py``)."""
+    return len(a) == len(b) and all(x is y or (type(x) is type(y) and (
+        x == y if type(x) is int else x.node.expr == y.node.expr)) for x, y in zip(a, b))
+
+
 def _broadcast(shapes: list) -> tuple | None:
     """The broadcast of ``shapes`` (``torch.broadcast_shapes`` is a Python reference that
     costs more than the rest of a shortcut), or None when they do not broadcast."""
     first = shapes[0]
-    if all(s == first for s in shapes):
+    if all(s == first for s in shapes) if all(type(n) is int for s in shapes for n in s) \
+            else all(_same_sizes(s, first) for s in shapes):
         return tuple(first)
+    if not all(type(n) is int for s in shapes for n in s):
+        return None  # sizes with a symbolic batch: FakeTensorMode's own rules, which guard no more than needed
     out = [1] * max(len(s) for s in shapes)
     for s in shapes:
         for i, n in enumerate(s, len(out) - len(s)):

@@ -37,7 +37,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import library_frame, op_name, user_frame
 from xmem_engine.tracing.fake.placeholders import in_range
-from xmem_engine.tracing.fake.shadow_values import SHADOW_BYTES, Shadows
+from xmem_engine.tracing.fake.shadow_values import Shadows, shadowable
+from xmem_engine.tracing.fake.value_rules import ONES_REDUCTIONS, UNEQUAL
+from xmem_engine.tracing.symbolic import hint
 from xmem_engine.tracing.ops import register
 
 LOOP_LIMIT = 10_000  # guesses at one line before it counts as a loop on a value
@@ -178,6 +180,8 @@ class Guesses:
         self.made: dict[tuple[str, str, str], Guess] = {}
         self.defer = 0  # >0 while Tensor.item() & co. guess for themselves (DeviceMode)
         self._ops: dict[Any, bool] = {}  # op -> worth remembering (not mutable, not random)
+        self.from_symbol: set[int] = set()  # storages whose guess follows a symbolic batch (symbolic.py)
+        self._symbol_read = False  # a surrogate read one of them
         shadows.on_forget = self._forgotten
 
     # ------------------------------------------------------------------ bookkeeping
@@ -214,7 +218,7 @@ class Guesses:
             if type(o) is not fake:
                 return
             st = o.untyped_storage()
-            if st.nbytes() > SHADOW_BYTES:
+            if not shadowable(st.nbytes()):
                 return
             keys.append(st._cdata)
         worth = self._ops.get(func)
@@ -234,7 +238,7 @@ class Guesses:
                 k, nbytes = st._cdata, st.nbytes()
                 if k in keys:
                     return  # a view
-                if nbytes > SHADOW_BYTES:  # made from something big: a reduction of ones, or ones
+                if not shadowable(nbytes):  # made from something big: a reduction of ones, or ones
                     if len(outs) == 1:
                         self._reduced_ones(func, args, kwargs, outs[0], keys[0])
                     return
@@ -292,9 +296,13 @@ class Guesses:
         the tensor all ones, so that Adafactor's RMS of a weight is 1, not 1/sqrt(numel)."""
         rule = ONES_REDUCTIONS.get(op_name(func))
         x = args[0] if args else None
-        if rule is None or not isinstance(x, torch.Tensor) or out.numel() == 0:
-            return
-        value = in_range(rule(x.numel() / out.numel(), args, kwargs), out.dtype)  # fp16: at most 65,504
+        if rule is None or not isinstance(x, torch.Tensor) or not shadowable(out.untyped_storage().nbytes()) \
+                or out.numel() == 0:
+            return  # (an output sized by a symbolic batch has no values at every size: symbolic.py)
+        n = x.numel()
+        value = in_range(rule(hint(n) / out.numel(), args, kwargs), out.dtype)  # fp16: at most 65,504
+        if type(n) is torch.SymInt and rule(hint(n) + 1, args, kwargs) != rule(hint(n), args, kwargs):
+            self.from_symbol.add(key)  # a sum over the batch: its guess is the traced size's only
         with bare():
             storage = torch.full((out.untyped_storage().nbytes() // out.element_size(),), value,
                                  dtype=out.dtype).untyped_storage()
@@ -316,9 +324,11 @@ class Guesses:
         if key in memo:
             return _real_view(memo[key], t) if memo[key] is not None else None
         storage = self.stale.get(key)
+        if storage is not None and key in self.from_symbol:
+            self._symbol_read = True
         if storage is None and depth < DEPTH and key in self.producers:
             storage = self._run_producer(key, depth, memo)
-        if storage is None and st.nbytes() <= SHADOW_BYTES:
+        if storage is None and shadowable(st.nbytes()):
             leaf = _ones(t, st.nbytes())
             storage = leaf.untyped_storage() if leaf is not None else None
         memo[key] = storage
@@ -363,7 +373,7 @@ class Guesses:
 
     def scalar(self, t: torch.Tensor) -> Any:
         """The guessed value of a one-element tensor (1 when nothing better is known)."""
-        r = self.surrogate(t)
+        r = self._surrogate_read(t)
         if r is None or r.numel() != 1:
             return 1
         with bare():
@@ -375,12 +385,24 @@ class Guesses:
     def read(self, what: str, fn: Callable[[torch.Tensor], Any], t: torch.Tensor) -> Any:
         """``fn`` (``bool``, ``int``, ``Tensor.tolist``...) of ``t``'s surrogate, noted as a
         guess; NeedsRealValues if ``t`` is too big to stand in for."""
-        r = self.surrogate(t)
+        r = self._surrogate_read(t)
         if r is None:
             raise NeedsRealValues(what, "a value of a large tensor decides control flow", user_frame(3))
         with bare():
             value = fn(r)
         return self.decide(what, value)
+
+    def _surrogate_read(self, t: torch.Tensor) -> torch.Tensor | None:
+        """:meth:`surrogate` for a value the code reads: one guessed from a symbolic batch's
+        size (a sum over it) holds at the traced size only, so the symbol is pinned there
+        (``symbolic.SymbolicBatch.pinned``)."""
+        self._symbol_read = False
+        r = self.surrogate(t)
+        if self._symbol_read:
+            pins = getattr(getattr(self.fake_mode, "shape_env", None), "xmem_pins", None)
+            if pins is not None:
+                pins.append(f"{user_frame(3) or 'in library code'}: a value read from a sum over the batch")
+        return r
 
     def decide(self, what: str, value: Any, kind: str = "value") -> Any:
         """Note that ``value``, a guess, decided something at the current user line."""
@@ -485,57 +507,6 @@ def _is_value_read(func: Any) -> bool:
     return schema is not None and schema.name in _VALUE_READS
 
 
-# --------------------------------------------------------------------------- reductions of ones
-def _norm(k: float, args: tuple, kwargs: dict) -> float:
-    p = args[1] if len(args) > 1 and isinstance(args[1], (int, float)) else kwargs.get("ord", kwargs.get("p", 2))
-    p = 2 if p is None else float(p)
-    if p == 0:
-        return k
-    return 1.0 if p in (float("inf"), float("-inf")) else k ** (1.0 / p)
-
-
-# op name -> value of the op on all-ones input, from k = input elements per output element
-ONES_REDUCTIONS: dict[str, Callable[[float, tuple, dict], Any]] = {
-    "aten.linalg_vector_norm.default": _norm,
-    "aten.norm.Scalar": _norm,
-    "aten.norm.ScalarOpt_dim": _norm,
-    "aten.sum.default": lambda k, a, kw: k,
-    "aten.sum.dim_IntList": lambda k, a, kw: k,
-    "aten.count_nonzero.default": lambda k, a, kw: k,
-    "aten.count_nonzero.dim_IntList": lambda k, a, kw: k,
-    "aten.mean.default": lambda k, a, kw: 1,
-    "aten.mean.dim": lambda k, a, kw: 1,
-    "aten.prod.default": lambda k, a, kw: 1,
-    "aten.amax.default": lambda k, a, kw: 1,
-    "aten.amin.default": lambda k, a, kw: 1,
-    "aten.max.default": lambda k, a, kw: 1,
-    "aten.min.default": lambda k, a, kw: 1,
-    "aten.var.correction": lambda k, a, kw: 0,
-    "aten.std.correction": lambda k, a, kw: 0,
-    "aten.any.default": lambda k, a, kw: True,
-    "aten.any.dim": lambda k, a, kw: True,
-    "aten.any.dims": lambda k, a, kw: True,
-    "aten.all.default": lambda k, a, kw: True,
-    "aten.all.dim": lambda k, a, kw: True,
-    "aten.all.dims": lambda k, a, kw: True,
-}
-
-
-# op name -> the value of ``op(unknown ids, known ids)`` (Guesses._unequal): no id matches
-def _isin(args: tuple, kwargs: dict) -> bool:
-    invert = args[3] if len(args) > 3 else kwargs.get("invert", False)
-    return bool(invert)
-
-
-UNEQUAL: dict[str, Callable[[tuple, dict], bool]] = {
-    "aten.isin.Tensor_Tensor": _isin,
-    "aten.isin.Tensor_Scalar": _isin,
-    "aten.isin.Scalar_Tensor": _isin,
-}
-# Not ``==`` / ``!=``: ``unfinished_sequences.max() == 0`` is itself an unknown integer
-# compared with a known one, and "never equal" would never stop the loop.
-
-
 # --------------------------------------------------------------------------- upper bounds
 def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     # Called inside the dispatch mode's handler: FakeTensorMode, next on the stack, makes it.
@@ -544,7 +515,7 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def _nonzero(args: tuple, kwargs: dict) -> tuple[Any, str]:
     x = args[0]
-    return _empty((x.numel(), x.dim()), _LONG), f"{x.numel():,} rows (every element nonzero)"
+    return _empty((x.numel(), x.dim()), _LONG), f"{hint(x.numel()):,} rows (every element nonzero)"
 
 
 def _index(args: tuple, kwargs: dict) -> tuple[Any, str]:
@@ -560,13 +531,13 @@ def _index(args: tuple, kwargs: dict) -> tuple[Any, str]:
         else:
             new.append(i)
     out = torch.ops.aten.index.Tensor(x, new)
-    return out, f"{selected:,} elements selected (every mask element true)"
+    return out, f"{hint(selected):,} elements selected (every mask element true)"
 
 
 def _masked_select(args: tuple, kwargs: dict) -> tuple[Any, str]:
     x, mask = args[0], args[1]
     n = torch.broadcast_shapes(x.shape, mask.shape).numel()
-    return _empty((n,), x.dtype), f"{n:,} elements (every mask element true)"
+    return _empty((n,), x.dtype), f"{hint(n):,} elements (every mask element true)"
 
 
 def _unique(args: tuple, kwargs: dict, *, flags: tuple[int, int]) -> tuple[Any, str]:
@@ -576,7 +547,7 @@ def _unique(args: tuple, kwargs: dict, *, flags: tuple[int, int]) -> tuple[Any, 
     n = x.numel()
     out = (_empty((n,), x.dtype), _empty(tuple(x.shape) if inverse else (0,), _LONG),
            _empty((n,) if counts else (0,), _LONG))
-    return out, f"{n:,} values (all distinct)"
+    return out, f"{hint(n):,} values (all distinct)"
 
 
 def _unique_one(args: tuple, kwargs: dict) -> tuple[Any, str]:  # aten::_unique: two outputs
@@ -587,7 +558,7 @@ def _unique_one(args: tuple, kwargs: dict) -> tuple[Any, str]:  # aten::_unique:
 def _unique_dim(args: tuple, kwargs: dict) -> tuple[Any, str]:
     x, dim = args[0], args[1]
     n = x.size(dim)
-    return (_empty(tuple(x.shape), x.dtype), _empty((n,), _LONG), _empty((n,), _LONG)), f"{n:,} slices (all distinct)"
+    return (_empty(tuple(x.shape), x.dtype), _empty((n,), _LONG), _empty((n,), _LONG)), f"{hint(n):,} slices (all distinct)"
 
 
 def _pack_padded(args: tuple, kwargs: dict) -> tuple[Any, str | None]:
@@ -614,7 +585,7 @@ def _is_fake(t: Any) -> bool:
 
 def _nms(args: tuple, kwargs: dict) -> tuple[Any, str]:
     scores = args[1]
-    return _empty((scores.numel(),), _LONG), f"{scores.numel():,} boxes (all kept)"
+    return _empty((scores.numel(),), _LONG), f"{hint(scores.numel()):,} boxes (all kept)"
 
 
 # by op name (``str(op)``): torchvision's op need not be loaded for its entry to exist
@@ -636,6 +607,4 @@ BOUNDS: dict[str, Callable[[tuple, dict], tuple[Any, str]]] = {
 BEFORE_FAKE = frozenset({torch.ops.aten._pack_padded_sequence.default})
 
 
-register("guessed value", ONES_REDUCTIONS, __name__)
-register("guessed value", UNEQUAL, __name__)
 register("size bound", BOUNDS, __name__)

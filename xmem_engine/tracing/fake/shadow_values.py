@@ -36,6 +36,12 @@ from xmem_engine.tracing.ops import register
 SHADOW_BYTES = 1 << 20
 
 
+def shadowable(nbytes: Any) -> bool:
+    """Whether a storage of ``nbytes`` may have its values kept: small, and of one size (a
+    storage sized by a symbolic batch, ``symbolic.py``, has no values at every size)."""
+    return type(nbytes) is int and nbytes <= SHADOW_BYTES
+
+
 def _fake_type() -> type:
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -164,10 +170,10 @@ class Shadows:
         known = not random
         if known:
             if type(out) is fake:
-                known = out.untyped_storage().nbytes() <= SHADOW_BYTES
+                known = shadowable(out.untyped_storage().nbytes())
             else:
                 outs = [t for t in tree_flatten(out)[0] if isinstance(t, fake)]
-                known = bool(outs) and all(t.untyped_storage().nbytes() <= SHADOW_BYTES for t in outs)
+                known = bool(outs) and all(shadowable(t.untyped_storage().nbytes()) for t in outs)
         if known and func is _TO_COPY and kwargs.get("device") is None and type(args[0]) is fake \
                 and args[0].requires_grad and args[0].is_leaf:
             # A parameter's cast copy on its device (autocast casts each small weight again every
@@ -200,7 +206,7 @@ class Shadows:
         t = args[0]
         st = t.untyped_storage()
         known = self.by_storage.get(st._cdata)
-        if known is None and (st.nbytes() > SHADOW_BYTES or t.numel() * t.element_size() != st.nbytes()
+        if known is None and (not shadowable(st.nbytes()) or t.numel() * t.element_size() != st.nbytes()
                               or not t.is_contiguous()):
             return False
         with unset_fake_temporarily():
@@ -234,7 +240,7 @@ class Shadows:
             if not isinstance(r, torch.Tensor):
                 return r
             f = fake_mode.from_tensor(r)
-            if r.untyped_storage().nbytes() <= SHADOW_BYTES:
+            if shadowable(r.untyped_storage().nbytes()):
                 self._keep(f, r)
             return f
 

@@ -18,6 +18,7 @@ dispatch mode sees).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from xmem_engine.gpus.cudnn import ConvProblem
 from xmem_engine.tracing.kernels.conv_layout import cuda_layout
 from xmem_engine.tracing.tracer import tensors_in
 from xmem_engine.tracing.ops import register
+from xmem_engine.tracing.symbolic import deferred
 
 FORWARD = torch.ops.aten.convolution.default
 BACKWARD = torch.ops.aten.convolution_backward.default
@@ -103,6 +105,10 @@ def problems(func: Any, args: tuple, kwargs: dict) -> list[ConvProblem]:
     return [ConvProblem(direction=d, **common) for d in directions]
 
 
+def _key(p: ConvProblem, input: tuple, weight: tuple) -> str:
+    return dataclasses.replace(p, input=input, weight=weight).key()
+
+
 def record(tracer: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
     """After a GPU convolution op returned: note its problems after its last output's alloc."""
     live = tracer.live
@@ -111,7 +117,7 @@ def record(tracer: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
     if not ids:  # no output allocated (empty tensors): nothing runs on cuDNN either
         return
     out_id = max(ids)  # ids grow: the last output allocated
-    keys = [p.key() for p in problems(func, args, kwargs)]
+    keys = [deferred(_key, p, p.input, p.weight) for p in problems(func, args, kwargs)]  # symbolic.py
     if keys:
         tracer.conv_calls.append([out_id, keys])
         if torch.backends.cudnn.benchmark:

@@ -40,6 +40,7 @@ import torch
 
 from xmem_engine.tracing.kernels.cuda_reduce import kernel_params, reduce_plan
 from xmem_engine.tracing.ops import register
+from xmem_engine.tracing.symbolic import hint
 
 Step = tuple[str, str, int]
 
@@ -81,7 +82,7 @@ def _plan_steps(plan_args: tuple, sm_count: int, max_threads_per_sm: int, torch_
 def plan_steps(plan_args: Any, sm_count: int, max_threads_per_sm: int, torch_version: str) -> list[Step]:
     """A reduction's steps on a GPU with this SM count (``plan_args`` as :class:`BySM` holds
     them, or as a trace's JSON gives them back: lists)."""
-    hashable = tuple(tuple(a) if isinstance(a, list) else a for a in plan_args)
+    hashable = tuple(tuple(a) if isinstance(a, list) else a for a in hint(tuple(plan_args)))  # symbolic.py
     return list(_plan_steps(hashable, int(sm_count), int(max_threads_per_sm), torch_version))
 
 
@@ -96,6 +97,8 @@ def device_of(props: Any) -> Device:
 
 
 def _broadcast_numel(tensors: list[torch.Tensor]) -> int:
+    if all(t.shape == tensors[0].shape for t in tensors[1:]):  # (a symbolic batch's sizes kept as they are)
+        return tensors[0].numel()
     return torch.broadcast_shapes(*(t.shape for t in tensors)).numel()
 
 

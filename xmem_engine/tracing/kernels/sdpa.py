@@ -519,12 +519,11 @@ def efficient_backward_workspace(dtype: torch.dtype, cc: tuple[int, int], b: int
     accum_q = split_keys or half
     accum_kv = half and not (kmax <= bi)  # !kOutputInRF && output_t != float
     splits = 1
-    if split_keys:
+    if split_keys and accum_kv:  # (only grad_k / grad_v are split: no guards on a symbolic batch where not)
         splits = -(-n // bj)
         if b * h >= 256 and n <= 2 * bj:
             splits = 1
-        if accum_kv:
-            splits = min(splits, 200 // (b * h)) if b * h else splits
+        splits = min(splits, 200 // (b * h)) if b * h else splits
         if splits < 1 or deterministic:
             splits = 1
     gk = splits * bj * _round_up(k, bi) if accum_kv else 0

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 from xmem_engine.tracing.ops import register
+from xmem_engine.tracing.symbolic import hint
 
 # Rows of the input above which bitsandbytes' CUDA gemm_4bit always dequantizes the weight
 # and calls F.linear (backends/cuda/ops.py, ``_gemm_4bit_custom_max_m``; ROCm: 256).
@@ -213,7 +214,7 @@ def int8_outliers_bound(args: tuple, kwargs: dict) -> tuple[Any, str | None]:
     if _threshold(args, kwargs) == 0.0:
         return (*out, None), None
     return (*out, empty([A.shape[-1]], dtype=torch.int64, device=torch.device("cpu"))), \
-        f"{A.shape[-1]:,} outlier columns (every column at or above LLM.int8()'s threshold)"
+        f"{hint(A.shape[-1]):,} outlier columns (every column at or above LLM.int8()'s threshold)"
 
 
 def cuda_temporaries(tracer: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
