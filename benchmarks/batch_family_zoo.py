@@ -53,21 +53,26 @@ SCRIPTS: dict[str, tuple[str, str | list[tuple[str, str]]]] = {
 SCALED = {"gpt2 seq_len": 16, "bert seq_len": 12}
 
 
-def traced(path: Path, how, b: int):
+def traced(path: Path, how, b: int, symbolic: bool = False):
+    """The script's trace at ``b``; ``symbolic``: its trace with the batch as a symbol whose
+    value is ``b``, as a ``SymbolicFamily`` (``NotSymbolic`` says why not)."""
+    from xmem_engine.batch_family import symbolic_family
     from xmem_engine.estimate import resolve_gpu
     from xmem_engine.tracing import trace_script
 
     source = path.read_text()
-    overrides = None
-    if isinstance(how, str):
-        overrides = {how: str(b)}
-    else:
+    var = how
+    if not isinstance(how, str):  # a literal: made a variable of its own, on a line above the script's first
+        var = "xmem_batch"
         for old, new in how:
             if old not in source:
                 raise SystemExit(f"{path.name}: no {old!r} to rewrite")
-            source = source.replace(old, new.format(B=b))
-    return trace_script(path, mode="fake", overrides=overrides, source=source,
-                        device=resolve_gpu(GPU).properties())
+            source = source.replace(old, new.format(B=var))
+        source = f"{var} = {b}\n{source}"
+    kw = dict(source=source, device=resolve_gpu(GPU).properties())
+    if symbolic:
+        return symbolic_family(path, var, b, **kw)
+    return trace_script(path, mode="fake", overrides={var: str(b)}, **kw)
 
 
 def first_difference(a, b) -> str:
@@ -93,12 +98,12 @@ def first_other_op(a, b) -> str:
     return ""
 
 
-def check(name: str, values: list[int]) -> tuple[str, str, float]:
+def check(name: str, values: list[int], traces: dict) -> tuple[str, str, float]:
     script, how = SCRIPTS[name]
     path = ROOT / "benchmarks" / script
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # the scripts' own prints
-        traces = {b: traced(path, how, b) for b in values}
+        traces.update({b: traced(path, how, b) for b in values})
     seconds = time.perf_counter() - t0
     b0, b1, *rest = values
     try:
@@ -116,22 +121,63 @@ def check(name: str, values: list[int]) -> tuple[str, str, float]:
     return "yes", f"{n:,} events, the family equals the real trace at {', '.join(map(str, rest))}", seconds
 
 
+def symbolic_check(name: str, values: list[int], traces: dict) -> tuple[str, str, float]:
+    """One trace with the batch a symbol, at the second value, against the real traces at all
+    (``batch_family.SymbolicFamily``); where a guard does not hold at a value, that value is
+    named, not compared."""
+    from xmem_engine.batch_family import NotSymbolic, SymbolicFamily
+
+    script, how = SCRIPTS[name]
+    path = ROOT / "benchmarks" / script
+    b0 = values[1]
+    t0 = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            fam: SymbolicFamily = traced(path, how, b0, symbolic=True)
+    except NotSymbolic as e:
+        return "no", str(e).replace(f"{ROOT}/", ""), time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    equal, outside = [], []
+    for b in values:
+        derived = fam.trace_at(b)
+        if derived is None:
+            outside.append(f"{b} ({str(fam.broken_at(b)).replace(f'{ROOT}/', '')})")
+            continue
+        if not same_trace(derived, traces[b]):
+            return "no", f"the symbolic trace at {b0} is not the real trace at {b}: " \
+                         f"{first_difference(derived, traces[b])}", seconds
+        equal.append(str(b))
+    guards = len(fam.batch.guards)
+    why = f"{guards} guard{'s' * (guards != 1)}; equal at {', '.join(equal)}"
+    return ("yes" if not outside else "in part"), why + (f"; outside its guards: {'; '.join(outside)}"
+                                                         if outside else ""), seconds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=None, help="script names (default: all)")
     ap.add_argument("--values", default="4,8,12,24,40", help="the batch sizes: the family is fitted on the first two")
+    ap.add_argument("--no-symbolic", action="store_true", help="the two-trace family only")
     args = ap.parse_args()
     values = [int(v) for v in args.values.split(",")]
-    print(f"| script | one family in the batch | why / what was checked | seconds for {len(values)} traces |")
-    print("|---|---|---|---|")
+    print(f"| script | one family in the batch | why / what was checked | seconds for {len(values)} traces "
+          f"| symbolic | why / what was checked | seconds, one symbolic trace | symbolic / one trace |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.only or SCRIPTS:
+        scaled = [v * SCALED.get(name, 1) for v in values]
+        traces: dict = {}
         try:
-            verdict, why, seconds = check(name, [v * SCALED.get(name, 1) for v in values])
+            verdict, why, seconds = check(name, scaled, traces)
         except ModuleNotFoundError as e:
             verdict, why, seconds = "skipped", f"needs {e.name} (make bench-setup)", 0.0
         except Exception as e:  # a script that fails to trace is a row, not the end of the table
             verdict, why, seconds = "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", 0.0
-        print(f"| {name} | {verdict} | {why} | {seconds:.1f} |", flush=True)
+        sym = ("-", "-", 0.0)
+        if len(traces) == len(scaled) and not args.no_symbolic:
+            sym = symbolic_check(name, scaled, traces)
+        ratio = f"{sym[2] / (seconds / len(scaled)):.2f}" if sym[2] and seconds else "-"
+        print(f"| {name} | {verdict} | {why} | {seconds:.1f} | {sym[0]} | {sym[1]} | {sym[2]:.1f} | {ratio} |",
+              flush=True)
         gc.collect()
 
 

@@ -7,8 +7,9 @@ cell). The slider's handle is dragged to a batch size, as a user does. Three tim
 from the drag to the headline's new text as Playwright sees it (its own round trips
 included), and, measured in the page from the pointer's release, until the headline shows
 the new figures and until the flame chart's data (BokehJS) is the new one. The first move
-traces the step (the second batch size); every move after it is the batch family's
-(``xmem_engine/batch_family.py``): no code run, a simulation per GPU shown. Prints each
+traces the step once with the batch size as a symbol (``xmem_engine/tracing/symbolic.py``);
+every move after it is that trace at the new size (``batch_family.SymbolicFamily``): no code
+run, a simulation per GPU shown. Prints each
 move, then the medians of the moves after the first. Needs Chromium and Playwright
 (``scripts/setup_browser.sh``).
 """
@@ -127,7 +128,7 @@ def main() -> None:
                 print(f"move {i + 1}: batch {readout.text_content().strip():>4}  {ms:8.1f} ms to the new headline "
                       f"(Playwright), in the page {marks['headline']:6.1f} ms to the headline, "
                       f"{marks['charts']:6.1f} ms to the charts' data"
-                      f"{'  (traced: the second batch size)' if i == 0 else ''}", flush=True)
+                      f"{'  (traced: the batch as a symbol)' if i == 0 else ''}", flush=True)
             browser.close()
     for name, ms in (("headline (Playwright: drag to new text)", times), ("headline (in the page)", shown),
                      ("charts' data (in the page)", charts)):

@@ -3,9 +3,9 @@ beside a plain loop of ``xmem estimate`` calls, and beside the grid's traces alo
 
 The grid: 2 scripts (``tests/advise_scripts/cnn.py``, a VGG-style CNN, and ``transformer.py``,
 a GPT-style decoder; both plain torch) x 6 catalog GPUs x 8 values of ``batch_size`` = 96
-points. A sweep traces each script at the smallest and the largest batch size, makes the
-other 6 from those two's batch family, and re-simulates each for the 6 GPUs: 4 traces (16
-before the family; ``--exact``: 96); the loop traces all 96 points.
+points. A sweep traces each script once with the batch size as a symbol (at its smallest
+value), makes the other 7 from that trace, and re-simulates each for the 6 GPUs: 2 traces (4
+with the two-trace family, 16 before it; ``--exact``: 96); the loop traces all 96 points.
 
 Run: ``python benchmarks/sweep_speed.py [--loop-points N] [--skip-ray] [--heatmap FILE.png]``.
 Prints each wall time and the ratios, the peak memory of the sweep's processes (summed over
@@ -179,9 +179,9 @@ def main() -> None:
           f"{tree_peak / 2**30:.2f} GiB summed over its processes (sampled), {one_peak / 2**30:.2f} GiB the "
           "largest one")
     family = {(r.script, r.settings[VAR]) for r in local if any("was not traced" in n for n in r.notes)}
-    print(f"  traced: {n_traces - len(family)} of the {n_traces} (script, {VAR}) points, the ends of each "
-          f"script's {VAR} axis; the other {len(family)} from the batch family of those two "
-          f"(xmem_engine/batch_family.py)")
+    print(f"  traced: {n_traces - len(family)} of the {n_traces} (script, {VAR}) points (each script's {VAR} "
+          f"axis once with {VAR} a symbol, or at its ends where it cannot be one); the other {len(family)} "
+          f"from those traces (xmem_engine/batch_family.py)")
     sim = sorted(r.simulate_seconds for r in local if r.status == "ok")
     print(f"  re-simulation of a trace for one more GPU: median {sim[len(sim) // 2] * 1000:.0f} ms, "
           f"max {sim[-1] * 1000:.0f} ms (a trace: {t_own / n_traces:.2f} s on average)")

@@ -478,6 +478,7 @@ def advise(path: str, gpu: str | GPU, *, batch_var: str | None = None, overrides
            mode: str = "auto", alloc_conf: str = "", torch_version: str | None = None,
            iterations: int | None = None, progress: Callable[[str], None] | None = None) -> Advice:
     """Measure every lever on the script at ``path`` for ``gpu``; see the module docstring."""
+    from xmem_engine.batch_family import symbolic_family
     from xmem_engine.overrides import OverrideError, positive_int_value
     from xmem_engine.tracing import trace_script
 
@@ -503,8 +504,11 @@ def advise(path: str, gpu: str | GPU, *, batch_var: str | None = None, overrides
                               torch_version=torch_version)
         return estimate_trace(tr, target, conf or None, torch_version=torch_version), info
 
+    symbolic = None if mode == "real" or not batch_var else functools.partial(  # one trace for the batch search
+        symbolic_family, path, batch_var, overrides={k: v for k, v in overrides.items() if k != batch_var},
+        device=target.properties(), max_iterations=iterations, torch_version=torch_version)
     advice = measure(run, target, batch_var=batch_var, batch=batch, alloc_conf=alloc_conf,
-                     torch_version=torch_version, progress=progress)
+                     torch_version=torch_version, progress=progress, symbolic=symbolic)
     advice.batch_var_inferred = inferred
     return advice
 
@@ -547,9 +551,9 @@ def _shown_once(show: Callable[..., None]) -> Callable[..., None]:
 
 def _measure(run: Runner, target: GPU, *, batch_var: str | None = None, batch: int | None = None,
              alloc_conf: str = "", base: Estimate | None = None, torch_version: str | None = None,
-             progress: Callable[[str], None] | None = None) -> Advice:
-    """Every lever through ``run``, then the cheapest combination that fits. ``base`` is the
-    step as written when the caller has it already (the notebook's widget does)."""
+             progress: Callable[[str], None] | None = None, symbolic: Callable[[int], Any] | None = None) -> Advice:
+    """Every lever through ``run``, then the cheapest combination that fits. ``base``: the step as written,
+    where the caller has it (the widget); ``symbolic``: for ``max_batch``, a size -> the step traced with it a symbol."""
     def say(msg: str) -> None:
         if progress is not None:
             progress(msg)
@@ -574,7 +578,7 @@ def _measure(run: Runner, target: GPU, *, batch_var: str | None = None, batch: i
                 m.detail = f"micro-batch {batch // lv.batch_divisor}"
             elif lv.smaller_batch:
                 search = max_batch(lambda v: run([], v, alloc_conf)[0], start=batch, estimate_trace=lambda tr: estimate_trace(
-                    tr, target, alloc_conf or None, torch_version=torch_version))
+                    tr, target, alloc_conf or None, torch_version=torch_version), symbolic=symbolic)
                 if search.value <= 0:
                     m.applicable, m.detail = False, f"not even {batch_var} = 1 fits"
                     advice.levers.append(m)

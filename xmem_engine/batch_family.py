@@ -274,7 +274,7 @@ def symbolic_trace(variable: str, value: int, run: Callable[[Any], Trace]) -> Sy
     its variable's value. Raises :class:`NotSymbolic` where the trace failed with the symbol (a
     size the code or a library needs as a plain number; the error is the message), or pinned
     it (``int(size)``, ``range(size)``: where, is the message)."""
-    from xmem_engine.tracing.symbolic import SymbolicBatch
+    from xmem_engine.tracing.symbolic import SymbolicBatch, SymbolPinned
 
     try:
         batch = SymbolicBatch.make(variable, value)
@@ -282,6 +282,8 @@ def symbolic_trace(variable: str, value: int, run: Callable[[Any], Trace]) -> Sy
         raise NotSymbolic(str(e)) from None
     try:
         tr = run(batch)
+    except SymbolPinned:
+        raise NotSymbolic(f"{variable} was fixed at {value}: {batch.pinned()}") from None
     except Exception as e:  # noqa: BLE001 - any failure means: trace the values one by one
         first = (str(e).strip().splitlines() or [""])[0]
         raise NotSymbolic(f"{type(e).__name__}: {first[:300]}") from e

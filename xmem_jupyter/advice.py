@@ -43,7 +43,7 @@ def advise_cell(session: Session, gpu: str, *, batch: int | None = None, alloc_c
         return estimate_trace(tr, target, c or None), info
 
     return measure(run, target, batch_var=session.batch_var if batch else None, batch=batch, alloc_conf=conf,
-                   base=base, progress=progress)
+                   base=base, progress=progress, symbolic=None if session.mode == "real" else session.family_at)
 
 
 def advice_html(advice: Advice) -> str:

@@ -145,14 +145,14 @@ class Session:
                 or self.mode == "real" or any(t.mode != "fake" for t in self.traces.values()):
             return None
         try:
-            tr = self._family_at(batch, setup).trace_at(batch)
+            tr = self.family_at(batch, setup).trace_at(batch)
         except NotSymbolic:
             return None
         if tr is not None:
             self.derived_traces[batch] = tr
         return tr
 
-    def _family_at(self, batch: int, setup: tuple[Callable, ...] = ()) -> SymbolicFamily:
+    def family_at(self, batch: int, setup: tuple[Callable, ...] = ()) -> SymbolicFamily:
         """The symbolic trace that holds ``batch`` (made at ``batch`` where none does yet);
         raises NotSymbolic, after which the session traces each batch size as it is."""
         var = self.batch_var or ""
@@ -233,7 +233,7 @@ class Session:
                 raise ValueError("the largest batch needs --batch-var")
             build = lambda b: self.estimate(b, gpu, conf, real=True)  # noqa: E731
             start = self.batch or 1
-            symbolic = None if self.mode == "real" else self._family_at  # one trace, the batch a symbol
+            symbolic = None if self.mode == "real" else self.family_at  # one trace, the batch a symbol
             self.searches[(gpu, conf)] = max_batch(
                 build, start=start, limit=max(limit, start), estimate_trace=lambda tr: estimate_trace(tr, gpu, conf),
                 symbolic=symbolic, fit_family=not branches_on(self.source, self.batch_var))  # batch_family.py

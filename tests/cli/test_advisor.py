@@ -69,6 +69,21 @@ def test_repeated_blocks_are_the_model_s_layers():
     assert repeated_blocks(torch.nn.LSTM(4, 4)) == []
 
 
+def test_the_largest_batch_lever_traces_once_with_the_batch_a_symbol(monkeypatch):
+    import xmem_engine.batch_family as bf
+
+    made = []
+    real = bf.symbolic_family
+    monkeypatch.setattr(bf, "symbolic_family", lambda path, var, v, **kw: made.append(v) or real(path, var, v, **kw))
+    script = str(SCRIPTS / "transformer.py")
+    advice = advise(script, GPU, batch_var="batch_size")
+    lever = next(m for m in advice.levers if m.lever.name == "largest batch that fits")
+    v = int(lever.detail.rsplit("= ", 1)[1])
+    assert len(made) == 1  # one trace for the whole search (the script does not branch on the batch)
+    fits = [estimate_script(script, GPU, overrides={"batch_size": str(b)}).fits for b in (v, v + 1)]
+    assert fits == [True, False]
+
+
 def test_cli_advise_json(capsys):
     from xmem_engine.cli import main
 

@@ -32,6 +32,18 @@ from xmem_engine.tracing.frames import user_frame
 NAME = "__xmem_symbolic_batch__"
 
 
+class SymbolPinned(BaseException):
+    """The code fixed the symbol at its value (:meth:`SymbolicBatch.pinned` says where): the
+    trace stops there, as it holds that one size only. A BaseException, so that the code's own
+    ``except Exception`` does not carry on past it."""
+
+
+def _is_pin(g: Any, symbol: Any) -> bool:
+    import sympy
+
+    return isinstance(g, sympy.Eq) and symbol in (g.lhs, g.rhs) and (g.lhs.is_number or g.rhs.is_number)
+
+
 def _shape_env_class() -> type:
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -43,6 +55,8 @@ def _shape_env_class() -> type:
             super()._log_guard(prefix, g, forcing_spec)
             if prefix == "eval" and self.xmem_guards is not None:
                 self.xmem_guards.append((g, user_frame(2)))
+                if _is_pin(g, self.xmem_symbol):
+                    raise SymbolPinned(g)
 
     return GuardedShapeEnv
 
@@ -68,20 +82,18 @@ class SymbolicBatch:
             raise ValueError(f"a symbolic {variable} needs a value of 2 or more, not {value}")
         # .item() and nonzero() raise as without a ShapeEnv: the tracer guesses them as always
         env = _shape_env_class()(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
-        env.xmem_guards, env.xmem_pins = [], []  # pins: where a value read depends on the symbol (guesses.py)
-        symbol = env.create_symbol(value, ConstantSource(variable))
+        env.xmem_guards, env.xmem_pins, env.xmem_symbol = [], [], None  # pins: values read that follow it (guesses.py)
+        symbol = env.xmem_symbol = env.create_symbol(value, ConstantSource(variable))
         sym = env.create_symintnode(symbol, hint=value)
         return cls(variable, value, env, symbol, sym, env.xmem_guards)
 
     def pinned(self) -> str | None:
         """Where the code fixed the symbol to one value (``int(size)``, a size used as a
         dictionary key...), None where it did not."""
-        import sympy
-
         if self.env.xmem_pins:
             return self.env.xmem_pins[0]
         for g, where in self.guards:
-            if isinstance(g, sympy.Eq) and {g.lhs, g.rhs} & {self.symbol} and (g.lhs.is_number or g.rhs.is_number):
+            if _is_pin(g, self.symbol):
                 return f"{where or 'in library code'}: {g}"
         if self.env.replacements.get(self.symbol) is not None and not self.env.replacements[self.symbol].free_symbols:
             return f"{self.variable} was fixed at {self.env.replacements[self.symbol]}"
