@@ -337,6 +337,21 @@ for i in range(2):
 """
 
 
+def test_a_symbolic_batch_stops_before_dynamo_and_leaves_compiling_as_it_was(tmp_path):
+    """Dynamo specialises the sizes it is given: a trace with the batch a symbol (symbolic.py)
+    stops at the first compiled call, before Dynamo starts (stopped inside it, Dynamo's state
+    was left behind and the next compiled trace could not place its tensors on the virtual GPU)."""
+    from xmem_engine.batch_family import NotSymbolic, symbolic_family
+    from xmem_engine.estimate import estimate
+
+    script = tmp_path / "train.py"
+    script.write_text(FUSABLE.replace("model = MLP().cuda()", "model = torch.compile(MLP().cuda())"))
+    with pytest.raises(NotSymbolic, match=r"batch_size was fixed at 64: .*torch.compile traces its graphs at concrete"):
+        symbolic_family(str(script), "batch_size", 64)
+    est = estimate(MLP, "H100-SXM-80GB", mode="fake", compile="inductor")
+    assert est.trace.meta["compile"]["graphs"] >= 1
+
+
 def test_the_advisor_measures_compiling_the_model(tmp_path):
     """The "torch.compile" lever compiles the outermost model for the target GPU: the pointwise
     chain after ``l1`` (gelu, *2, +1) is one fused kernel, so eager's intermediates never exist;

@@ -99,6 +99,12 @@ class SymbolicBatch:
             return f"{self.variable} was fixed at {self.env.replacements[self.symbol]}"
         return None
 
+    def pin(self, why: str) -> None:
+        """Fix the symbol here (``why``: where, and what needs the size as a number), and stop the
+        trace (:class:`SymbolPinned`): for code that must not be entered with a symbol at all."""
+        self.env.xmem_pins.append(why)
+        raise SymbolPinned(why)
+
     def broken_at(self, b: int) -> str | None:
         """The first guard that does not hold at ``b`` (and where it was made), or None."""
         import sympy

@@ -311,6 +311,8 @@ class CompiledCalls:
                 return fn(*args, **kwargs)
             if not self.on_gpu(eager, args, kwargs):
                 return eager(*args, **kwargs)
+            if t.symbolic is not None:  # Dynamo specialises what it is given: stop before it starts
+                t.symbolic.pin(f"{where}: torch.compile traces its graphs at concrete sizes")
             breaks = _graph_breaks()
             try:
                 with without_function_mode(mode), _flag(t, "in_dynamo"), hooks_off(t), real_availability(), \
