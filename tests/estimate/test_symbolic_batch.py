@@ -44,6 +44,16 @@ n = int(mask.sum().item())
 packed = torch.empty(n, 64, device="cuda")
 """
 
+# known values seen through a view sized by the batch: position ids, expanded over it
+POSITIONS = """
+import torch
+batch = 8
+emb = torch.nn.Embedding(64, 32).cuda()
+pos = torch.arange(16, device="cuda")[None, :].expand(batch, -1)  # a Llama's position ids, and its RoPE's
+freqs = torch.ones(4, device="cuda")[None, :, None].float().expand(pos.shape[0], -1, 1) @ pos[:, None, :].float()
+(emb(pos) * freqs.sum()).square().mean().backward()
+"""
+
 
 def _script(tmp_path, src: str, name: str = "step.py") -> str:
     p = tmp_path / name
@@ -67,6 +77,12 @@ def test_one_symbolic_trace_is_the_real_trace_at_every_batch_size(tmp_path, caps
     assert note.startswith("batch = 17 was not traced: the trace at 8 with batch as a symbol")
     if src is CNN:  # the loss is guessed as in any fake trace, not a symbol
         assert "loss 1.000" in capsys.readouterr().out
+
+
+def test_known_values_in_a_view_sized_by_the_batch_are_unknown_there(tmp_path):
+    path = _script(tmp_path, POSITIONS)
+    fam = symbolic_family(path, "batch", 8, device=A100)
+    assert all(same_trace(fam.trace_at(b), _real(path, b)) for b in (8, 3, 40))
 
 
 def test_a_branch_on_the_batch_is_a_guard_and_the_other_side_a_trace_of_its_own(tmp_path):

@@ -401,7 +401,9 @@ class Guesses:
         if self._symbol_read:
             pins = getattr(getattr(self.fake_mode, "shape_env", None), "xmem_pins", None)
             if pins is not None:
-                pins.append(f"{user_frame(3) or 'in library code'}: a value read from a sum over the batch")
+                where, inside = user_frame(3), library_frame(3)
+                pins.append(f"{where or inside}{f' ({inside})' if where and inside != where else ''}: "
+                            "a value read from a sum over the batch")
                 raise SymbolPinned(pins[-1])
         return r
 
