@@ -79,6 +79,19 @@ def test_one_symbolic_trace_is_the_real_trace_at_every_batch_size(tmp_path, caps
         assert "loss 1.000" in capsys.readouterr().out
 
 
+def test_memory_read_by_the_code_is_the_traced_size_s_and_fixes_the_symbol_where_it_decides(tmp_path):
+    # printed: the traced size's figure, and the trace holds every size
+    printed = _script(tmp_path, CNN + 'print(f"peak {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB")\n',
+                      "printed.py")
+    assert symbolic_family(printed, "batch", 8, device=A100).batch.guards == []
+    # compared: another size could go the other way, so the symbol is fixed there
+    adaptive = _script(tmp_path, CNN + "if torch.cuda.memory_allocated() > 2**20:\n    torch.cuda.empty_cache()\n",
+                       "adaptive.py")
+    line = len(CNN.splitlines()) + 1
+    with pytest.raises(NotSymbolic, match=rf"{adaptive}:{line}: torch.cuda.memory_allocated\(\) decided control flow"):
+        symbolic_family(adaptive, "batch", 8, device=A100)
+
+
 def test_known_values_in_a_view_sized_by_the_batch_are_unknown_there(tmp_path):
     path = _script(tmp_path, POSITIONS)
     fam = symbolic_family(path, "batch", 8, device=A100)

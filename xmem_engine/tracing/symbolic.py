@@ -105,6 +105,17 @@ class SymbolicBatch:
         self.env.xmem_pins.append(why)
         raise SymbolPinned(why)
 
+    def reading(self, what: str, value: int) -> int:
+        """``value`` (a figure of the virtual GPU's memory, ``what``) as the code reads it: the
+        traced size's, printable and summable, but fixing the symbol where it decides control
+        flow (``if torch.cuda.memory_allocated() > limit``: another size could go the other way)."""
+        from xmem_engine.tracing.fake.placeholders import FakeInt
+
+        n = FakeInt(value)
+        n.on_use = lambda use, result: self.pin(f"{user_frame(3) or 'in library code'}: {what} decided control "
+                                                "flow (its figure is the traced size's)")
+        return n
+
     def broken_at(self, b: int) -> str | None:
         """The first guard that does not hold at ``b`` (and where it was made), or None."""
         import sympy

@@ -217,21 +217,24 @@ class VirtualCuda:
                 raise RuntimeError(f"CUDA error: invalid device ordinal (cuda:{i}; the virtual node has "
                                    f"{self.count} GPU{'s' if self.count != 1 else ''}: --world-size / --gpus-per-node)")
 
+        def read(what: str, value: int) -> int:  # with the batch a symbol, the traced size's (symbolic.py)
+            return value if t.symbolic is None else t.symbolic.reading(f"torch.cuda.{what}()", value)
+
         def memory_allocated(device: Any = None) -> int:
             _stats_device(device)
-            return t.allocator.memory_allocated()
+            return read("memory_allocated", t.allocator.memory_allocated())
 
         def max_memory_allocated(device: Any = None) -> int:
             _stats_device(device)
-            return t.allocator.max_memory_allocated()
+            return read("max_memory_allocated", t.allocator.max_memory_allocated())
 
         def memory_reserved(device: Any = None) -> int:
             _stats_device(device)
-            return t.allocator.memory_reserved()
+            return read("memory_reserved", t.allocator.memory_reserved())
 
         def max_memory_reserved(device: Any = None) -> int:
             _stats_device(device)
-            return t.allocator.max_memory_reserved()
+            return read("max_memory_reserved", t.allocator.max_memory_reserved())
 
         def memory_stats(device: Any = None) -> dict[str, int]:
             _stats_device(device)
@@ -249,7 +252,7 @@ class VirtualCuda:
             """(free, total) as the driver reports them: the context and what the allocator
             holds are not free."""
             used = self.context_bytes + t.allocator.memory_reserved()
-            return (max(p.total_memory - used, 0), p.total_memory)
+            return (read("mem_get_info", max(p.total_memory - used, 0)), p.total_memory)
 
         def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
             mib = 1024 * 1024
