@@ -94,10 +94,16 @@ class SymbolicBatch:
             return self.env.xmem_pins[0]
         for g, where in self.guards:
             if _is_pin(g, self.symbol):
-                return f"{where or 'in library code'}: {g}"
+                return f"{where or 'in library code'}: {self.shown(g)}"
         if self.env.replacements.get(self.symbol) is not None and not self.env.replacements[self.symbol].free_symbols:
             return f"{self.variable} was fixed at {self.env.replacements[self.symbol]}"
         return None
+
+    def shown(self, g: Any) -> str:
+        """A guard as the code's variable reads it: ``batch_size <= 600``, not ``s44 <= 600``."""
+        import sympy
+
+        return str(g.xreplace({self.symbol: sympy.Symbol(self.variable, integer=True, positive=True)}))
 
     def pin(self, why: str) -> None:
         """Fix the symbol here (``why``: where, and what needs the size as a number), and stop the
@@ -125,7 +131,7 @@ class SymbolicBatch:
         sub = {self.symbol: sympy.Integer(b)}
         for g, where in self.guards:
             if not bool(g.xreplace(sub)):
-                return f"{where or 'in library code'}: {g} (with {self.symbol} = {self.variable})"
+                return f"{where or 'in library code'}: {self.shown(g)}"
         return None
 
 
