@@ -288,7 +288,7 @@ def test_the_batch_entry_takes_any_whole_number_and_says_what_it_refuses(widget)
     _wait(widget)
     assert widget.batch_error.value == ""
     assert widget.batch == 12 and widget.batch_slider.value == 12 and 12 in widget.batch_slider.options
-    assert widget.est.peak_allocated_bytes > 0 and 12 in widget.session.traces
+    assert widget.est.peak_allocated_bytes > 0 and widget.session.regions.traced == [12]  # traced, the batch a symbol
     widget.batch_slider.value = 16  # and the entry follows the slider
     _wait(widget)
     assert widget.batch_entry.value == "16"
