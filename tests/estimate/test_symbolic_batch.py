@@ -50,7 +50,7 @@ import torch
 batch = 8
 emb = torch.nn.Embedding(64, 32).cuda()
 pos = torch.arange(16, device="cuda")[None, :].expand(batch, -1)  # a Llama's position ids, and its RoPE's
-freqs = torch.ones(4, device="cuda")[None, :, None].float().expand(pos.shape[0], -1, 1) @ pos[:, None, :].float()
+freqs = torch.ones(4, device="cuda")[None, :, None].float().expand(pos.shape[0], -1, 1) * pos[:, None, :].float()
 (emb(pos) * freqs.sum()).square().mean().backward()
 """
 
