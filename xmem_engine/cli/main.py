@@ -427,7 +427,8 @@ def _add_estimate(sub) -> None:
     p.add_argument("--events", metavar="FILE", help="also write the trace (as `xmem trace --events`)")
     p.add_argument("--snapshot", metavar="FILE", help="write the simulated run as a _snapshot() pickle for _memory_viz")
     p.add_argument("--max-batch", metavar="VAR",
-                   help="print the largest value of the script's top-level VAR that fits on the GPU")
+                   help="print the largest value of the script's top-level VAR that fits on the GPU (from one "
+                   "trace with VAR as a symbol where the script allows; --json's \"family\" says how)")
     p.add_argument("--safe", action="store_true",
                    help="judge fitting (and --max-batch) by the calibrated range's high end, not the point "
                    "estimate: what a scheduler should reserve")

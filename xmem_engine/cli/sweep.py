@@ -23,8 +23,10 @@ def add_sweep(sub) -> None:
         "--max-batch the largest value of that variable that fits per script and GPU. One trace per script and "
         "--set values, re-simulated for every GPU and allocator setting (milliseconds each; the trace is made "
         "for the first --gpu; --exact: a trace per GPU). A --set variable of 3 or more whole numbers (the "
-        "batch size) is traced at its smallest and largest value only, the values between from those two "
-        "traces' family (their rows' notes say so; --exact traces every value). Rows go to --out as they finish (fits, peak, headroom, mode, seconds, notes; a "
+        "batch size) is traced once with the variable as a symbol, every value from that trace (a value "
+        "past a test the step makes of it gets a trace of its own; where it cannot be a symbol, the smallest "
+        "and largest values are traced and the values between are those two traces' family); their rows' "
+        "notes say so; --exact traces every value. Rows go to --out as they finish (fits, peak, headroom, mode, seconds, notes; a "
         "failed point with its error); run the same command again to resume: points already in --out are "
         "skipped. Exit codes: 0 every point ran, 1 some point failed (see its row), 2 bad input, 130 "
         "interrupted (finished rows kept).")
@@ -45,7 +47,7 @@ def add_sweep(sub) -> None:
                    help="trace for every GPU instead of re-simulating the first GPU's trace: a trace per GPU, for "
                    "attention, whose backend the trace picks by the GPU's architecture (rows re-simulated for "
                    "another architecture say so in their notes); and every value of a whole-number --set "
-                   "variable, where a step branches on it between its ends")
+                   "variable")
     p.add_argument("--safe", action="store_true",
                    help="--max-batch judges fitting by the calibrated range's high end")
     p.add_argument("--out", required=True, metavar="FILE",
