@@ -59,6 +59,23 @@ for _ in range(2):
 """
 
 
+# softmax over a transposed batch-by-batch matrix (CLIP's loss): CUDA copies it contiguous for
+# the kernel, a B x B copy that grows as the square, which the family sees in the copy's shape
+LOGITS = """
+import torch
+x = torch.randn(BATCH, 64, device="cuda", requires_grad=True)
+logits = x @ x.t()
+torch.log_softmax(logits.t(), dim=-1).sum().backward()
+"""
+
+
+def test_a_copy_a_kernel_makes_has_its_tensor_s_shape_and_grows_as_it_does():
+    copies = [e for e in _trace(LOGITS, 8).events if e.kind == "alloc" and e.op == "aten._log_softmax.default"]
+    assert [(e.shape, e.dtype, e.bytes) for e in copies[1:]] == [((8, 8), "float32", 256)]  # after its output
+    fam = BatchFamily.fit(4, _trace(LOGITS, 4), 8, _trace(LOGITS, 8))
+    assert same_trace(fam.trace_at(12), _trace(LOGITS, 12))
+
+
 @pytest.mark.parametrize("src", [CNN, MLP], ids=["cnn", "mlp"])
 def test_the_family_of_two_traces_is_the_real_trace_at_other_batch_sizes(src):
     fam = BatchFamily.fit(8, _trace(src, 8), 16, _trace(src, 16))

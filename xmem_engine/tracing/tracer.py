@@ -222,11 +222,11 @@ class Tracer:
         """:meth:`transients` labelled by the caller (a decode step made from its pattern runs no op)."""
         at = len(self.events)
         slots: dict[str, TraceEvent] = {}
-        for action, slot, nbytes in steps:
+        for action, slot, nbytes, *like in steps:  # (like: the copied tensor's shape and dtype, where a step says)
             if action == "alloc":
                 slots[slot] = self.add_event(TraceEvent(
-                    ALLOC, bytes=nbytes, stream=stream, category=Category.TEMPORARY,
-                    op=op, module=module, phase=self.phase, dtype="uint8", shape=(nbytes,), source=source))
+                    ALLOC, bytes=nbytes, stream=stream, category=Category.TEMPORARY, op=op, module=module, phase=self.phase,
+                    dtype=like[1] if like else "uint8", shape=like[0] if like else (nbytes,), source=source))
             else:
                 a = slots.pop(slot)
                 self.add_event(TraceEvent(FREE, id=a.id, bytes=a.bytes, stream=a.stream, category=a.category, op=op,

@@ -42,7 +42,7 @@ from xmem_engine.tracing.kernels.cuda_reduce import kernel_params, reduce_plan
 from xmem_engine.tracing.ops import register
 from xmem_engine.tracing.symbolic import hint
 
-Step = tuple[str, str, int]
+Step = tuple  # ("alloc", slot, nbytes[, shape, dtype of what it copies]) or ("free", slot, 0)
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,8 @@ def contiguous_input(args: tuple, kwargs: dict, device: Device) -> list[Step] | 
     x = args[0] if args else None
     if not isinstance(x, torch.Tensor) or x.is_contiguous():
         return None
-    return [("alloc", "input", x.numel() * x.element_size()), ("free", "input", 0)]
+    like = (tuple(x.shape), str(x.dtype).removeprefix("torch."))  # the copy's, as the event shows it
+    return [("alloc", "input", x.numel() * x.element_size(), *like), ("free", "input", 0)]
 
 
 _aten = torch.ops.aten
