@@ -332,7 +332,7 @@ def _search_rows(unit: Unit) -> list[Row]:
     rows = []
     follow = branches_on(unit.source, var) is None  # values between two traces from their family
     regions = _symbolic_regions(unit, var, unit.start)  # shared by the targets: each traces once
-    symbolic = (lambda v: regions.family_at(v)) if regions is not None else None
+    symbolic = regions.family_at if regions is not None else None
     for gpu, conf in unit.targets:
         t0 = time.perf_counter()
         try:

@@ -354,7 +354,7 @@ class AllocMode(TorchDispatchMode):
         and host-side logic see real values. A host factory runs fake first to learn its size:
         a big one (a weight matrix before ``.cuda()``) stays fake, so that building a large
         model costs no host memory."""
-        if is_symbolic(args) or is_symbolic(kwargs):  # sized by a symbolic batch (symbolic.py): no real tensor has that size
+        if self.t.symbolic is not None and (is_symbolic(args) or is_symbolic(kwargs)):  # no real tensor has a symbolic size
             return func(*args, **kwargs)
         numel = _factory_numel(args) if factory else None
         if factory and (numel is None or numel * 8 > HOST_REAL_BYTES):

@@ -21,6 +21,7 @@ holds one batch size only, and :meth:`SymbolicBatch.pinned` says where.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -44,18 +45,22 @@ def _is_pin(g: Any, symbol: Any) -> bool:
     return isinstance(g, sympy.Eq) and symbol in (g.lhs, g.rhs) and (g.lhs.is_number or g.rhs.is_number)
 
 
+@functools.lru_cache(maxsize=1)
 def _shape_env_class() -> type:
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     class GuardedShapeEnv(ShapeEnv):
-        """A ShapeEnv that remembers where each guard came from (outside Dynamo its own
-        source locations are empty)."""
+        """A ShapeEnv that tells its :class:`SymbolicBatch` (``xmem_batch``) each guard and
+        where it came from (outside Dynamo its own source locations are empty)."""
+
+        xmem_batch: "SymbolicBatch | None" = None
 
         def _log_guard(self, prefix: str, g: Any, forcing_spec: bool) -> None:
             super()._log_guard(prefix, g, forcing_spec)
-            if prefix == "eval" and self.xmem_guards is not None:
-                self.xmem_guards.append((g, user_frame(2)))
-                if _is_pin(g, self.xmem_symbol):
+            batch = self.xmem_batch
+            if prefix == "eval" and batch is not None:
+                batch.guards.append((g, user_frame(2)))
+                if _is_pin(g, batch.symbol):
                     raise SymbolPinned(g)
 
     return GuardedShapeEnv
@@ -71,6 +76,7 @@ class SymbolicBatch:
     symbol: Any  # its sympy Symbol
     sym: torch.SymInt
     guards: list = field(default_factory=list)  # (sympy relation, where the code made it)
+    pins: list = field(default_factory=list)  # where the code fixed it otherwise (:meth:`pin`)
 
     @classmethod
     def make(cls, variable: str, value: int) -> "SymbolicBatch":
@@ -82,16 +88,15 @@ class SymbolicBatch:
             raise ValueError(f"a symbolic {variable} needs a value of 2 or more, not {value}")
         # .item() and nonzero() raise as without a ShapeEnv: the tracer guesses them as always
         env = _shape_env_class()(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
-        env.xmem_guards, env.xmem_pins, env.xmem_symbol = [], [], None  # pins: values read that follow it (guesses.py)
-        symbol = env.xmem_symbol = env.create_symbol(value, ConstantSource(variable))
-        sym = env.create_symintnode(symbol, hint=value)
-        return cls(variable, value, env, symbol, sym, env.xmem_guards)
+        symbol = env.create_symbol(value, ConstantSource(variable))
+        env.xmem_batch = batch = cls(variable, value, env, symbol, env.create_symintnode(symbol, hint=value))
+        return batch
 
     def pinned(self) -> str | None:
         """Where the code fixed the symbol to one value (``int(size)``, a size used as a
         dictionary key...), None where it did not."""
-        if self.env.xmem_pins:
-            return self.env.xmem_pins[0]
+        if self.pins:
+            return self.pins[0]
         for g, where in self.guards:
             if _is_pin(g, self.symbol):
                 return f"{where or 'in library code'}: {self.shown(g)}"
@@ -108,7 +113,7 @@ class SymbolicBatch:
     def pin(self, why: str) -> None:
         """Fix the symbol here (``why``: where, and what needs the size as a number), and stop the
         trace (:class:`SymbolPinned`): for code that must not be entered with a symbol at all."""
-        self.env.xmem_pins.append(why)
+        self.pins.append(why)
         raise SymbolPinned(why)
 
     def reading(self, what: str, value: int) -> int:
@@ -216,7 +221,7 @@ def full_slices(x: torch.Tensor, index: Any) -> Any:
     then allocates the slice's full gradient (``slice_backward``) where the GPU run did not.
     Ending the slice at the size itself makes it whole as written."""
     items = index if type(index) is tuple else (index,)
-    if not any(type(i) is slice for i in items) or not any(type(n) is torch.SymInt for n in x.shape):
+    if not any(type(i) is slice for i in items) or not x._has_symbolic_sizes_strides:
         return index
     consumed = [0 if i is None or i is Ellipsis else (i.dim() if isinstance(i, torch.Tensor) and i.dtype in
                                                       (torch.bool, torch.uint8) else 1) for i in items]

@@ -330,11 +330,11 @@ def _broadcast(shapes: list) -> tuple | None:
     """The broadcast of ``shapes`` (``torch.broadcast_shapes`` is a Python reference that
     costs more than the rest of a shortcut), or None when they do not broadcast."""
     first = shapes[0]
-    if all(s == first for s in shapes) if all(type(n) is int for s in shapes for n in s) \
-            else all(_same_sizes(s, first) for s in shapes):
+    if not all(type(n) is int for s in shapes for n in s):  # a symbolic batch's sizes: the same ones as they
+        # are, else FakeTensorMode's own rules, which guard no more than needed
+        return tuple(first) if all(_same_sizes(s, first) for s in shapes) else None
+    if all(s == first for s in shapes):
         return tuple(first)
-    if not all(type(n) is int for s in shapes for n in s):
-        return None  # sizes with a symbolic batch: FakeTensorMode's own rules, which guard no more than needed
     out = [1] * max(len(s) for s in shapes)
     for s in shapes:
         for i, n in enumerate(s, len(out) - len(s)):

@@ -39,7 +39,7 @@ from xmem_engine.tracing.frames import library_frame, op_name, user_frame
 from xmem_engine.tracing.fake.placeholders import in_range
 from xmem_engine.tracing.fake.shadow_values import Shadows, shadowable
 from xmem_engine.tracing.fake.value_rules import ONES_REDUCTIONS, UNEQUAL
-from xmem_engine.tracing.symbolic import SymbolPinned, hint
+from xmem_engine.tracing.symbolic import hint
 from xmem_engine.tracing.ops import register
 
 LOOP_LIMIT = 10_000  # guesses at one line before it counts as a loop on a value
@@ -399,12 +399,11 @@ class Guesses:
         self._symbol_read = False
         r = self.surrogate(t)
         if self._symbol_read:
-            pins = getattr(getattr(self.fake_mode, "shape_env", None), "xmem_pins", None)
-            if pins is not None:
+            batch = getattr(getattr(self.fake_mode, "shape_env", None), "xmem_batch", None)
+            if batch is not None:
                 where, inside = user_frame(3), library_frame(3)
-                pins.append(f"{where or inside}{f' ({inside})' if where and inside != where else ''}: "
-                            "a value read from a sum over the batch")
-                raise SymbolPinned(pins[-1])
+                batch.pin(f"{where or inside}{f' ({inside})' if where and inside != where else ''}: "
+                          "a value read from a sum over the batch")
         return r
 
     def decide(self, what: str, value: Any, kind: str = "value") -> Any:

@@ -112,7 +112,7 @@ class Shadows:
         st = self.by_storage.get(t.untyped_storage()._cdata)
         if st is None or st.device.type != "cpu":  # (a wrapper subclass's inner storage is no value)
             return None
-        if type(t.storage_offset()) is not int or not all(type(n) is int for n in (*t.shape, *t.stride())):
+        if t._has_symbolic_sizes_strides:
             return None  # a view sized by a symbolic batch (symbolic.py: expand(batch, -1) of known ids)
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 

@@ -68,7 +68,8 @@ class BySM:
     plan_args: tuple  # shape, strides, reduce dims, input / accumulator / output item sizes, vt0, ivs, offset
 
     def steps(self, device: Device) -> list[Step]:
-        return plan_steps(self.plan_args, device.sm_count, device.max_threads_per_sm, device.torch_version)
+        """The steps at the traced size (``plan_args`` stay symbolic in the trace: symbolic.py)."""
+        return plan_steps(hint(self.plan_args), device.sm_count, device.max_threads_per_sm, device.torch_version)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -82,7 +83,7 @@ def _plan_steps(plan_args: tuple, sm_count: int, max_threads_per_sm: int, torch_
 def plan_steps(plan_args: Any, sm_count: int, max_threads_per_sm: int, torch_version: str) -> list[Step]:
     """A reduction's steps on a GPU with this SM count (``plan_args`` as :class:`BySM` holds
     them, or as a trace's JSON gives them back: lists)."""
-    hashable = tuple(tuple(a) if isinstance(a, list) else a for a in hint(tuple(plan_args)))  # symbolic.py
+    hashable = tuple(tuple(a) if isinstance(a, list) else a for a in plan_args)
     return list(_plan_steps(hashable, int(sm_count), int(max_threads_per_sm), torch_version))
 
 
