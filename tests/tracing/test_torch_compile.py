@@ -446,12 +446,17 @@ def test_compiles_after_has_triton_was_asked_outside_the_trace():
 
 
 def test_each_kernels_first_launch_allocates_what_its_autotuning_would():
-    """On the GPU a kernel with several configs times them at its first launch: an L2-sized
-    flush buffer and copies of what it writes in place (inductor_autotune.py; measured on an
-    H200: 60 MiB buffers and copies of GPT-2's logits). First step only, freed at once."""
+    """On the GPU a kernel with several configs times them at its first launch: a cache-flush
+    buffer and copies of what it writes in place (inductor_autotune.py; measured on an H200:
+    60 MiB buffers and copies of GPT-2's logits). The buffer is L2-sized where Inductor times
+    with its own benchmarker (torch 2.13, 2.14), Triton's 256 MiB where with Triton's (2.10).
+    First step only, freed at once."""
+    from torch._inductor.runtime import benchmarking
+
     l2 = 50 * 2**20
+    size = l2 if type(benchmarking.benchmarker).__name__ == "InductorBenchmarker" else 256 * 2**20
     tr = trace(GPT, {}, mode="fake", device=dict(H100, L2_cache_size=l2))
-    flush = [e for e in tr.events if e.kind == "alloc" and e.bytes == l2]
+    flush = [e for e in tr.events if e.kind == "alloc" and e.bytes == size]
     assert flush and {e.iteration for e in flush} == {0}
     assert all(e.dtype in ("int32", "torch.int32") for e in flush), {e.dtype for e in flush}
     freed = {e.id for e in tr.events if e.kind == "free"}
@@ -459,6 +464,26 @@ def test_each_kernels_first_launch_allocates_what_its_autotuning_would():
     # the step after compiled nothing new: it allocates only the wrapper's buffers and attention's
     later = [op for _, op in _allocs(tr, 1, "forward") + _allocs(tr, 1, "backward")]
     assert "aten.empty.memory_format" not in later
+
+
+def test_the_flush_buffer_is_the_installed_benchmarkers(monkeypatch):
+    """Inductor's own benchmarker flushes the L2 with a buffer its size; Triton's ``do_bench``
+    (what torch 2.6 and 2.10 time with) with 256 MiB: the kk compiled recording (torch 2.6)
+    holds 37 of 268,435,456 B."""
+    from torch._inductor.runtime import benchmarking
+
+    from xmem_engine.tracing.compiler.inductor_autotune import flush_bytes
+
+    class TritonBenchmarker:
+        pass
+
+    class InductorBenchmarker:
+        pass
+
+    monkeypatch.setattr(benchmarking, "benchmarker", TritonBenchmarker())
+    assert flush_bytes(60 * 2**20) == 268_435_456
+    monkeypatch.setattr(benchmarking, "benchmarker", InductorBenchmarker())
+    assert flush_bytes(60 * 2**20) == 60 * 2**20
 
 
 def test_autotuning_is_read_off_the_generated_kernel():

@@ -11,8 +11,11 @@ its first launch, one with more than one config times each (``autotune_to_one_co
   the span the strides reach). A backward or inference graph (``optimize_mem``) copies an
   argument to the host instead when its copy would raise the peak (``copy_args_to_cpu_if_needed``:
   budget ``max_memory_allocated() - memory_allocated()``);
-* an L2-sized int32 buffer, zeroed between timed calls to flush the cache
-  (``InductorBenchmarker.benchmark_gpu``: ``torch.empty(L2_cache_size // 4, dtype=torch.int)``).
+* an int32 buffer, zeroed between timed calls to flush the cache: L2-sized where Inductor
+  times with its own benchmarker (``InductorBenchmarker.benchmark_gpu``:
+  ``torch.empty(L2_cache_size // 4, dtype=torch.int)``; torch 2.13 and 2.14), 256 MiB where it
+  times with Triton's ``do_bench`` (``TritonBenchmarker``: torch 2.6 and 2.10;
+  ``get_empty_cache_for_benchmark``). Which one is the installed torch's (:func:`flush_bytes`).
 
 Both are freed when the timing ends; the caching allocator keeps their blocks. Measured on an
 H200 (benchmarks/data/gpu_groundtruth-nvidia-h200-*.jsonl, the compiled GPT-2 run): copies of the
@@ -69,6 +72,12 @@ def autotune_of(name: str, source: str) -> Autotune | None:
     names = {"triton_heuristics": triton_heuristics, "__file__": f"{name}.py",
              **{k: getattr(hints, k) for k in ("DeviceProperties", "ReductionHint", "TileHint", "AutotuneHint")
                 if hasattr(hints, k)}}
+    if "AttrsDescriptor" in source:  # torch < 2.7 spells Triton's argument properties with it
+        try:
+            from triton.compiler.compiler import AttrsDescriptor
+        except ImportError:  # this Triton has none: the source is another version's
+            return None
+        names["AttrsDescriptor"] = AttrsDescriptor
     try:
         with patched_attr(triton_heuristics, "cached_autotune", record):
             eval(compile(ast.Expression(deco), f"<{name}>", "eval"), names)(None)
@@ -79,6 +88,21 @@ def autotune_of(name: str, source: str) -> Autotune | None:
     meta = seen["meta"]
     return Autotune(len(seen["configs"]), tuple(a.arg for a in fn.args.args),
                     frozenset(meta.get("mutated_arg_names") or ()), bool(meta.get("optimize_mem", True)))
+
+
+#: Triton's ``do_bench`` cache-flush buffer (``get_empty_cache_for_benchmark``: 256 MiB of int32)
+TRITON_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+def flush_bytes(l2_cache_bytes: int) -> int:
+    """The cache-flush buffer this torch's Inductor allocates before each timed launch: the
+    GPU's L2 size with its own benchmarker, Triton's fixed 256 MiB with Triton's (the kk compiled
+    recording, torch 2.6: 37 buffers of 268,435,456 B)."""
+    from torch._inductor.runtime import benchmarking
+
+    if type(benchmarking.benchmarker).__name__ == "TritonBenchmarker":
+        return TRITON_FLUSH_BYTES
+    return l2_cache_bytes
 
 
 def _span(t: torch.Tensor) -> int:

@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.tracing.compiler.inductor_autotune import autotune_of, benchmark_allocations, pad_mm_should_pad
+from xmem_engine.tracing.compiler.inductor_autotune import (autotune_of, benchmark_allocations, flush_bytes,
+                                                            pad_mm_should_pad)
 from xmem_engine.tracing.patches import patched_attr, patched_item
 
 
@@ -87,7 +88,7 @@ class NoopKernel:
     """What ``AsyncCompile.triton`` gives back: a launch that computes nothing. Its first launch
     allocates what the GPU's autotuning of its configs would (``inductor_autotune.py``)."""
 
-    l2_cache_bytes: int  # the target GPU's, set by inductor_for_virtual_gpu
+    l2_cache_bytes: int  # the flush buffer timing allocates for the target GPU (inductor_for_virtual_gpu)
 
     def __init__(self, name: str, source: str):
         self.name, self.source = name, source
@@ -268,15 +269,18 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
         P(torch.cuda, "set_device", lambda device: None)
         P(torch.cuda, "_DeviceGuard", _NullGuard)
         P(torch.cuda, "get_device_properties", lambda device=None: p)
-        old = (tdrv._active, tdrv._default)
-        tdrv._active = tdrv._default = VirtualCudaDriver()
-        stack.callback(lambda: (setattr(tdrv, "_active", old[0]), setattr(tdrv, "_default", old[1])))
+        names = ("_active", "_default") if hasattr(tdrv, "_active") else ("active", "default")  # triton < 3.3
+        old = [getattr(tdrv, n) for n in names]
+        for n in names:
+            setattr(tdrv, n, VirtualCudaDriver())
+        stack.callback(lambda: [setattr(tdrv, n, o) for n, o in zip(names, old)])
         for key, value in dict(force_disable_caches=True, compile_threads=1, max_autotune=False,
                                max_autotune_gemm=False, max_autotune_pointwise=False, cpp_wrapper=False).items():
             if hasattr(icfg, key):
                 stack.enter_context(icfg.patch(key, value))
         stack.enter_context(icfg.patch("triton.cudagraphs", False))
-        P(NoopKernel, "l2_cache_bytes", p.L2_cache_size)
+        flush = flush_bytes(p.L2_cache_size)
+        P(NoopKernel, "l2_cache_bytes", flush)
         P(AsyncCompile, "triton", lambda self, kernel_name, source_code, device_str="cuda": NoopKernel(kernel_name, source_code))
         P(AsyncCompile, "wait", lambda self, scope: None)
         P(PyCodeCache, "load_by_key_path", classmethod(load_by_key_path))
@@ -288,7 +292,7 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
         # reported (on_pad_timing), half-precision matmuls padded (inductor_autotune.py)
         timing = next((n for n in ("_should_pad", "_should_pad_bench") if hasattr(pad_mm, n)), None)  # 2.14, 2.10
         if timing is not None:
-            P(pad_mm, timing, pad_mm_should_pad(on_pad_timing, p.L2_cache_size))
+            P(pad_mm, timing, pad_mm_should_pad(on_pad_timing, flush))
         elif hasattr(pad_mm, "get_cached_should_pad"):
             P(pad_mm, "get_cached_should_pad", lambda key: False)
         di.get_interface_for_device("cpu")  # the registry is filled on first use
