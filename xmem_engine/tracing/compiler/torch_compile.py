@@ -55,6 +55,9 @@ import torch
 from xmem_engine.tracing.compiler.cuda_graph_trees import GraphTreeRecord, GraphTrees
 from xmem_engine.tracing.compiler.inductor_gpu import (answering_availability, availability, inductor_for_virtual_gpu,
                                               real_availability)
+from xmem_engine.tracing.compiler.mode_stacks import (DYNAMO_KEEPS_DISPATCH_MODES, dispatch_mode_of,
+                                                       with_dispatch_mode, without_dispatch_mode,
+                                                       without_function_mode)
 from xmem_engine.tracing.patches import eager_compiled, patched_attr, patched_item
 
 #: what ``torch.compile`` does under the tracer (``trace(compile=...)``, ``xmem estimate --compile``)
@@ -190,6 +193,7 @@ class CompiledCalls:
         self.frames_from = 0  # Dynamo's frame compiles recorded before this trace compiled
         self.attention: Callable[..., Any] | None = None  # sdpa.compiled_attention for the target GPU
         self.unavailable = compile_unavailable()
+        self.hidden: Any | None = None  # hidden_dispatch_mode(), kept for the compiled code's runtime
 
     # -- what the user calls
     def compile(self, model: Any = None, *, fullgraph: bool = False, dynamic: bool | None = None,
@@ -275,7 +279,8 @@ class CompiledCalls:
             # guard FakeTensorMode installs where CUDA is unavailable (it checks
             # torch.cuda.is_available(), which says True while tracing). Without a driver the
             # real guard's error is thrown where C++ cannot catch it (the process aborts).
-            torch._C._ensureCUDADeviceGuardSet()
+            if hasattr(torch._C, "_ensureCUDADeviceGuardSet"):  # torch >= 2.7
+                torch._C._ensureCUDADeviceGuardSet()
             _dynamo_skips_the_tracer()
             self.stack.enter_context(inductor_for_virtual_gpu(
                 self.t.vc.props, lambda mod: self.record.wrappers.append(getattr(mod, "__file__", "") or ""),
@@ -315,8 +320,9 @@ class CompiledCalls:
                 t.symbolic.pin(f"{where}: torch.compile traces its graphs at concrete sizes")
             breaks = _graph_breaks()
             try:
-                with without_function_mode(mode), _flag(t, "in_dynamo"), hooks_off(t), real_availability(), \
-                        self.functions_for_dynamo():
+                self.hidden = self.hidden_dispatch_mode() or self.hidden
+                with without_function_mode(mode), without_dispatch_mode(self.hidden), \
+                        _flag(t, "in_dynamo"), hooks_off(t), real_availability(), self.functions_for_dynamo():
                     out = fn(*args, **kwargs)
             except Exception as e:
                 self.raised(where, e)
@@ -330,6 +336,13 @@ class CompiledCalls:
 
         call.__wrapped__ = fn  # type: ignore[attr-defined]
         return call
+
+    def hidden_dispatch_mode(self) -> Any | None:
+        """The tracer's dispatch mode where this torch's Dynamo compiles nothing under it (before
+        2.10, ``mode_stacks.py``): taken off for a compiled call, back on while compiled code runs."""
+        if DYNAMO_KEEPS_DISPATCH_MODES:
+            return None
+        return dispatch_mode_of(lambda m: getattr(m, "t", None) is self.t)
 
     def raised(self, where: str, e: BaseException) -> None:
         """A compiled call that raised is said once: the code may catch it and run something else
@@ -397,7 +410,7 @@ class CompiledCalls:
                 with _flag(mode, "compiled_code"):
                     return fn(*args, **kwargs)
             with answering_availability(virtual), hooks_off(tracer, False), _flag(tracer, "in_dynamo", False), \
-                    _flag(mode, "compiled_code"), mode:
+                    _flag(mode, "compiled_code"), mode, with_dispatch_mode(self.hidden):
                 return fn(*args, **kwargs)
 
         if getattr(fn, "_boxed_call", False):
@@ -526,8 +539,12 @@ def hooks_off(tracer: Any, off: bool = True) -> Iterator[None]:
         elif not present:
             d[key] = fn
             changed.append((d, key, fn, False))
-    top = torch._C._autograd._top_saved_tensors_default_hooks(True)
-    mine = top is not None and top[0] == tracer._pack
+    top_of = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top_of is not None:
+        top = top_of(True)
+        mine = top is not None and top[0] == tracer._pack
+    else:  # torch < 2.7 cannot say: the tracer's hooks are taken to be the innermost
+        mine = off
     if off and mine:
         torch._C._autograd._pop_saved_tensors_default_hooks()
     elif not off and not mine:
@@ -613,23 +630,6 @@ def _flag(obj: Any, name: str, value: bool = True) -> Iterator[None]:
         yield
     finally:
         setattr(obj, name, old)
-
-
-@contextlib.contextmanager
-def without_function_mode(mode: Any) -> Iterator[None]:
-    """The torch-function mode stack without ``mode`` (the others keep their order)."""
-    n = torch._C._len_torch_function_stack()
-    modes = [torch._C._pop_torch_function_stack() for _ in range(n)][::-1]
-    for m in modes:
-        if m is not mode:
-            torch._C._push_on_torch_function_stack(m)
-    try:
-        yield
-    finally:
-        for _ in range(torch._C._len_torch_function_stack()):
-            torch._C._pop_torch_function_stack()
-        for m in modes:
-            torch._C._push_on_torch_function_stack(m)
 
 
 def _graph_breaks() -> int:
