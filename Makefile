@@ -1,6 +1,6 @@
 # The two commands of the README. Both set up .venv first (scripts/setup.sh).
 .PHONY: setup test test-torch-ends start cli-demo bench bench-setup paper-runs zoo finetune-setup test-finetune zoo-finetune \
-	unsloth-setup test-unsloth zoo-unsloth
+	unsloth-setup test-unsloth zoo-unsloth recordings-compiled
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,16 @@ TORCH_NEWEST = 2.14.1
 test-torch-ends:
 	bash scripts/test_torch.sh $(TORCH_OLDEST)
 	bash scripts/test_torch.sh $(TORCH_NEWEST)
+
+# The one public GPU recording of a compiled step (kk memory_logs, benchmarks/recordings.py) was
+# made with torch 2.6: Inductor's schedule is that release's, so it is traced under 2.6 (the
+# recording's own torch, outside the supported range; benchmarks only, not CI).
+TORCH_KK = 2.6.0
+recordings-compiled:
+	@test -x .venv-torch-$(TORCH_KK)/bin/python || python3 -m venv .venv-torch-$(TORCH_KK)
+	.venv-torch-$(TORCH_KK)/bin/pip install --quiet --disable-pip-version-check "torch==$(TORCH_KK)" "triton==3.2.0" \
+		"numpy>=1.24" einops jaxtyping 2>&1 | grep -v "^WARNING: Location" || true
+	PYTHONPATH="$$PWD" .venv-torch-$(TORCH_KK)/bin/python benchmarks/recordings.py --only memory_logs --show-diff 3
 
 start: setup
 	@bash scripts/start.sh

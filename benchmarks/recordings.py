@@ -36,6 +36,10 @@ ROOT = HERE.parent
 SHARED = ROOT.parent / "shared" / "allocator-traces"
 sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
+
+from benchmarks import _fake_cuda_guard  # noqa: E402
+
 MIN_BYTES = 1024
 
 
@@ -48,6 +52,7 @@ class Rebuilt:
     overrides: dict[str, str] = field(default_factory=dict)
     gpu: str = "A100-40GB"  # of the recording's GPU class (its cuBLAS workspace says which)
     torch: str | None = None  # the PyTorch version the author ran, when known
+    compiled: bool = False  # torch.compile'd inside the recording: Inductor's schedule is its torch's
 
 
 WED = "recordings/wed_memory_profile.py"
@@ -67,8 +72,8 @@ REBUILT = [
 KK = "recordings/kk/kk_benchmark.py"  # H100 SXM, torch 2.6.0 (recordings/kk/README.md)
 
 
-def _kk(recording: str, **overrides: str) -> Rebuilt:
-    return Rebuilt(recording, KK, overrides, gpu="H100-SXM-80GB", torch="2.6")
+def _kk(recording: str, compiled: bool = False, **overrides: str) -> Rebuilt:
+    return Rebuilt(recording, KK, overrides, gpu="H100-SXM-80GB", torch="2.6", compiled=compiled)
 
 
 REBUILT += [
@@ -87,9 +92,11 @@ REBUILT += [
     _kk("kk_memory_files_memory_ctx512_forward_mixed.pickle", pattern="'forward'", context_length="512",
         mixed_precision="True"),
     _kk("kk_memory_files_memory_ctx512_fullstep_.pickle", pattern="'fullstep'", context_length="512"),
-    # torch.compile'd inside the recording (Dynamo, Inductor, autotuning): the tracer runs it eagerly
-    _kk("kk_cs336_systems_memory_logs_memory_ctx128_forward.pickle", harness="'memory_logs'", pattern="'forward'",
-        context_length="128"),
+    # torch.compile'd inside the recording (Dynamo, Inductor, autotuning): compiled for the H100 by
+    # the installed torch's Inductor, whose schedule is the recording's only under torch 2.6
+    # (`make recordings-compiled`)
+    _kk("kk_cs336_systems_memory_logs_memory_ctx128_forward.pickle", compiled=True, harness="'memory_logs'",
+        pattern="'forward'", context_length="128"),
 ]
 
 
@@ -246,6 +253,9 @@ def main() -> int:
         print(f"no recordings at {SHARED}", file=sys.stderr)
         return 2
     todo = [rb for rb in REBUILT if not args.only or any(o in rb.recording for o in args.only)]
+    if any(rb.compiled for rb in todo) and _fake_cuda_guard.ensure():
+        print(f"torch {torch.__version__} (no driver): a no-op CUDA device guard registered for Dynamo "
+              "(benchmarks/_fake_cuda_guard.py)")
     rows = []
     for rb in todo:
         c = compare(rb, args.show_diff)
@@ -257,6 +267,9 @@ def main() -> int:
               f"{_mib(c.real_peak_reserved)} MiB; traced in {c.seconds:.1f} s"
               + (f"; {c.autotuning_allocs:,} allocations of Triton's autotuning set aside" if c.autotuning_allocs
                  else ""), flush=True)
+        if rb.compiled and rb.torch and not torch.__version__.startswith(rb.torch + "."):
+            print(f"  note: compiled by torch {torch.__version__}'s Inductor; the recording's was {rb.torch}'s, "
+                  f"whose schedule `make recordings-compiled` traces")
         if c.first_divergence:
             print(f"  first divergence: {c.first_divergence}")
         for d in c.diffs[1:]:
