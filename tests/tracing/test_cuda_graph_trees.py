@@ -37,7 +37,8 @@ def _pool_calls(events) -> list[list[tr.TraceEvent]]:
 def test_each_graph_warms_up_records_and_replays_in_one_private_pool():
     t = _train()
     info = t.meta["compile"]["cuda_graphs"]
-    assert info == {"graphs": 2, "recorded": 2, "replays": 4, "made": 0, "copied_inputs": 3, "skipped": []}
+    assert info == {"graphs": 2, "recorded": 2, "replays": 4, "made": 0, "copied_inputs": 3, "skipped": [],
+                    "step_marks": 0}
     calls = _pool_calls(t.events)
     assert len(calls) == 8  # forward and backward, four steps
     # the tree manager's empty capture, which makes the pool, empties the cache before the first warm-up
@@ -58,7 +59,19 @@ def test_each_graph_warms_up_records_and_replays_in_one_private_pool():
     assert sizes[4] == [e.bytes for e in rec[2:] if e.kind == tr.ALLOC]
     notes = " ".join(t.meta["notes"])
     assert "CUDA graphs (mode='reduce-overhead'): 2 graphs in one private memory pool" in notes
-    assert "not modelled" not in notes
+    assert "not modelled" not in notes and "cudagraph_mark_step_begin" not in notes
+
+
+def test_steps_the_code_marks_are_named_as_not_followed():
+    """The trees' generations (``torch.compiler.cudagraph_mark_step_begin``) are not modelled:
+    the notes say so, where the code marks its steps."""
+    code = TRAIN.replace("MODE", "'reduce-overhead'").replace("STEPS", "3").replace(
+        "loss = step(x, t)", "torch.compiler.cudagraph_mark_step_begin()\n    loss = step(x, t)")
+    assert "cudagraph_mark_step_begin()" in code
+    t = trace(code, {}, mode="fake", device=H100)
+    assert t.meta["compile"]["cuda_graphs"]["step_marks"] == 3
+    notes = " ".join(t.meta["notes"])
+    assert "cudagraph_mark_step_begin() was called 3 times; the trees' generations are not followed" in notes
 
 
 def test_replays_reserve_nothing_more():

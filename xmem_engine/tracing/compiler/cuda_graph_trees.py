@@ -27,7 +27,7 @@ memory is the GPU's. What differs: during a replay the graph's buffers count as 
 GPU's replay asks the allocator for nothing), so ``memory_allocated`` inside a replay reads
 higher than a GPU's; the peaks are the recording's. Generations (``cudagraph_mark_step_begin``,
 a second warm-up where a backward is pending) and cuBLAS's workspace swap around a capture are
-not followed. Graphs Inductor will not capture (its ``skipping cudagraphs due to ...``) run
+not followed; the notes say so where the code marks steps, and for every capture. Graphs Inductor will not capture (its ``skipping cudagraphs due to ...``) run
 without the pool, as on the GPU, and are named in the notes.
 """
 
@@ -59,6 +59,7 @@ class GraphTreeRecord:
     made: int = 0  # of the replays, made from the pattern of the ones before (graph_replays.py)
     copied_inputs: int = 0  # input buffers made in the pool at recording
     skipped: list[str] = field(default_factory=list)  # Inductor's reasons for graphs it left out
+    step_marks: int = 0  # torch.compiler.cudagraph_mark_step_begin() calls (generations: not followed)
 
     def as_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -74,7 +75,14 @@ class GraphTreeRecord:
                 f"{self.replays} replays, {self.copied_inputs} input buffer{'s' if self.copied_inputs != 1 else ''} "
                 "copied into the pool). The rest of the step cannot reuse the pool's memory. Replays are counted as "
                 "re-runs inside the pool: reserved memory is the GPU's, allocated memory during a replay is higher"
-                + (f"; {self.made} replays were made from the pattern of the ones before, not run" if self.made else ""))
+                + (f"; {self.made} replays were made from the pattern of the ones before, not run" if self.made else "")
+                + ". Not followed: the cuBLAS workspace a capture clears and makes again")
+            if self.step_marks:
+                out.append(f"CUDA graphs: torch.compiler.cudagraph_mark_step_begin() was called {self.step_marks} "
+                           f"time{'s' if self.step_marks != 1 else ''}; the trees' generations are not followed: "
+                           "each call of a graph is taken as a new step's (the previous call's outputs are "
+                           "overwritten), where a GPU records a graph called twice in one step twice and keeps "
+                           "both calls' outputs")
             if not self.recorded:
                 out.append("CUDA graphs: no graph was called twice, so none was captured; the estimate holds "
                            "their warm-up runs only (run two or more steps to see the captured step)")
@@ -98,7 +106,7 @@ class GraphTrees:
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         """Inductor's ``cudagraphify`` replaced by :meth:`cudagraphify`, its skips recorded."""
-        from torch._inductor import compile_fx, output_code
+        from torch._inductor import compile_fx, cudagraph_trees, output_code
 
         real_skip = output_code.log_cudagraph_skip_and_bump_counter
 
@@ -111,9 +119,20 @@ class GraphTrees:
             for mod in (output_code, compile_fx):  # each imported the function by name
                 if hasattr(mod, "log_cudagraph_skip_and_bump_counter"):
                     stack.enter_context(patched_attr(mod, "log_cudagraph_skip_and_bump_counter", skip))
+            stack.enter_context(patched_attr(cudagraph_trees, "mark_step_begin", self._mark_step(cudagraph_trees)))
             # a backward Inductor leaves out tells the (absent) tree manager it runs: nothing to tell
             stack.enter_context(patched_attr(output_code, "maybe_handle_backward_generation", lambda *a, **k: None))
             yield
+
+    def _mark_step(self, trees: Any) -> Callable[[], None]:
+        """``cudagraph_mark_step_begin``, counted for the notes."""
+        real = trees.mark_step_begin
+
+        def mark() -> None:
+            self.record.step_marks += 1
+            real()
+
+        return mark
 
     def cudagraphify(self, model: Callable[..., Any], static_input_idxs: Sequence[int] = (), *,
                      mutated_input_idxs: Sequence[int] = (), **_: Any) -> Callable[..., Any]:
