@@ -157,7 +157,7 @@ class CompileRecord:
                        f"({self.graphs} graph{'s' if self.graphs != 1 else ''}{bw}; {self.took()}). "
                        "The estimate is the compiled step's: Inductor's buffers and "
                        "the partitioner's saved activations, and what the GPU's timings allocate in the first "
-                       "step (pad_mm's real matrices while compiling; at each kernel's first launch an L2-sized "
+                       "step (pad_mm's real matrices while compiling; at each kernel's first launch a cache-flush "
                        "buffer and copies of what it writes). The timings' choices are fixed rules here: "
                        "half-precision matmuls whose sizes are not multiples of 8 padded, Inductor's default "
                        "kernel configs")
