@@ -23,7 +23,7 @@ TORCH_KK = 2.6.0
 recordings-compiled:
 	@test -x .venv-torch-$(TORCH_KK)/bin/python || python3 -m venv .venv-torch-$(TORCH_KK)
 	.venv-torch-$(TORCH_KK)/bin/pip install --quiet --disable-pip-version-check "torch==$(TORCH_KK)" "triton==3.2.0" \
-		"numpy>=1.24" einops jaxtyping 2>&1 | grep -v "^WARNING: Location" || true
+		"numpy>=1.24" "einops==0.8.2" "einx==0.4.3" "jaxtyping>=0.3" 2>&1 | grep -v "^WARNING: Location" || true
 	PYTHONPATH="$$PWD" .venv-torch-$(TORCH_KK)/bin/python benchmarks/recordings.py --only memory_logs --show-diff 3
 
 start: setup
@@ -44,7 +44,8 @@ bench: setup
 bench-setup:
 	@test -x .venv-bench/bin/python || python3 -m venv .venv-bench
 	.venv-bench/bin/pip install --quiet --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1" "transformers==4.51.3" \
-		"peft==0.15.2" "accelerate==1.6.0" "timm==1.0.15" "diffusers==0.33.1"
+		"peft==0.15.2" "accelerate==1.6.0" "timm==1.0.15" "diffusers==0.33.1" \
+		"einops==0.8.2" "einx==0.4.3" "jaxtyping>=0.3"  # the CS336 model benchmarks/recordings/ rebuilds
 	.venv-bench/bin/pip install --quiet --disable-pip-version-check -e .
 
 # The ecosystem zoo (benchmarks/zoo/): every script estimated under an 8 GiB host-memory cap.
