@@ -124,7 +124,7 @@ def timed_calls(copies: Callable[[], list], flush_bytes: int) -> None:
     del made, flush
 
 
-def benchmark_allocations(tune: Autotune, args: tuple, l2_cache_bytes: int) -> None:
+def benchmark_allocations(tune: Autotune, args: tuple, flush: int) -> None:
     """Allocate and free on the (virtual) GPU what timing ``tune``'s configs would. Called at the
     kernel's first launch, under the device mode."""
     written = [a for n, a in zip(tune.arg_names, args) if n in tune.mutated and isinstance(a, torch.Tensor)
@@ -139,13 +139,13 @@ def benchmark_allocations(tune: Autotune, args: tuple, l2_cache_bytes: int) -> N
                 kept.append(a)
         written = kept
 
-    timed_calls(lambda: [torch.empty(_span(a), dtype=a.dtype, device=a.device) for a in written], l2_cache_bytes)
+    timed_calls(lambda: [torch.empty(_span(a), dtype=a.dtype, device=a.device) for a in written], flush)
 
 
-def pad_mm_timing(mat1: Any, mat2: Any, op: Any, input: Any, l2_cache_bytes: int) -> list[tuple[str, str, int]]:
+def pad_mm_timing(mat1: Any, mat2: Any, op: Any, input: Any, flush: int) -> list[tuple[str, str, int]]:
     """The allocations of pad_mm's timing of one matmul while Inductor compiles (``_should_pad``):
     real random copies of its inputs (``realize_tensor``), then ``benchmark_gpu`` of the unpadded
-    op (its output, the L2 flush buffer) and of the padded one (inputs padded to the alignment,
+    op (its output, the cache-flush buffer) and of the padded one (inputs padded to the alignment,
     a padded output). As ``("alloc" | "free", slot, bytes)`` steps for ``Tracer.transients``.
     Measured on an H200 for GPT-2's head (768 x 50,257 weight): 77,194,752 B and 77,205,504 B
     copies, 823,410,688 B and 823,525,376 B outputs, 62,914,560 B flush buffers."""
@@ -176,14 +176,14 @@ def pad_mm_timing(mat1: Any, mat2: Any, op: Any, input: Any, l2_cache_bytes: int
                 pads.append(("mat2_pad", nbytes((*lead, k + pk, n + pn), mat2.dtype)))
         call = [*(("alloc", s, z) for s, z in pads), ("alloc", name, size), ("free", name, 0),
                 *(("free", s, 0) for s, _ in pads)]
-        steps += call + [("alloc", "flush", l2_cache_bytes)] + call + [("free", "flush", 0)]
+        steps += call + [("alloc", "flush", flush)] + call + [("free", "flush", 0)]
     steps += [("free", "mat1", 0), ("free", "mat2", 0)]
     if op is torch.ops.aten.addmm and input is not None:
         steps.append(("free", "input", 0))
     return steps
 
 
-def pad_mm_should_pad(timed: Any, l2_cache_bytes: int) -> Any:
+def pad_mm_should_pad(timed: Any, flush: int) -> Any:
     """pad_mm's ``_should_pad`` (``_should_pad_bench`` in torch 2.10) on the virtual GPU: its own
     rules up to the timing; then what the timing allocates is handed to ``timed`` (a list of
     steps), and half-precision matmuls are padded, as the timing chose on an H200 for GPT-2's
@@ -216,7 +216,7 @@ def pad_mm_should_pad(timed: Any, l2_cache_bytes: int) -> Any:
             return False
         if getattr(config, "deterministic", False):
             return False
-        timed(pad_mm_timing(mat1, mat2, op, input, l2_cache_bytes))
+        timed(pad_mm_timing(mat1, mat2, op, input, flush))
         return mat1.dtype in (torch.float16, torch.bfloat16)
 
     return should_pad

@@ -88,7 +88,7 @@ class NoopKernel:
     """What ``AsyncCompile.triton`` gives back: a launch that computes nothing. Its first launch
     allocates what the GPU's autotuning of its configs would (``inductor_autotune.py``)."""
 
-    l2_cache_bytes: int  # the flush buffer timing allocates for the target GPU (inductor_for_virtual_gpu)
+    flush: int  # the cache-flush buffer timing allocates for the target GPU (inductor_for_virtual_gpu)
 
     def __init__(self, name: str, source: str):
         self.name, self.source = name, source
@@ -97,7 +97,7 @@ class NoopKernel:
 
     def run(self, *args: Any, **kwargs: Any) -> None:
         if self.launches == 0 and self.autotune is not None and self.autotune.configs > 1:
-            benchmark_allocations(self.autotune, args, self.l2_cache_bytes)
+            benchmark_allocations(self.autotune, args, self.flush)
         self.launches += 1
 
     __call__ = run
@@ -270,9 +270,9 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
         P(torch.cuda, "_DeviceGuard", _NullGuard)
         P(torch.cuda, "get_device_properties", lambda device=None: p)
         names = ("_active", "_default") if hasattr(tdrv, "_active") else ("active", "default")  # triton < 3.3
-        old = [getattr(tdrv, n) for n in names]
+        old, virtual = [getattr(tdrv, n) for n in names], VirtualCudaDriver()
         for n in names:
-            setattr(tdrv, n, VirtualCudaDriver())
+            setattr(tdrv, n, virtual)
         stack.callback(lambda: [setattr(tdrv, n, o) for n, o in zip(names, old)])
         for key, value in dict(force_disable_caches=True, compile_threads=1, max_autotune=False,
                                max_autotune_gemm=False, max_autotune_pointwise=False, cpp_wrapper=False).items():
@@ -280,7 +280,7 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
                 stack.enter_context(icfg.patch(key, value))
         stack.enter_context(icfg.patch("triton.cudagraphs", False))
         flush = flush_bytes(p.L2_cache_size)
-        P(NoopKernel, "l2_cache_bytes", flush)
+        P(NoopKernel, "flush", flush)
         P(AsyncCompile, "triton", lambda self, kernel_name, source_code, device_str="cuda": NoopKernel(kernel_name, source_code))
         P(AsyncCompile, "wait", lambda self, scope: None)
         P(PyCodeCache, "load_by_key_path", classmethod(load_by_key_path))
