@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
 import re
 import sys
@@ -52,7 +51,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from xmem_engine.tracing.compiler.compiled_optimizers import (HOOK_BREAK, adopt_states, attributes_as_compile_fakes,
+                                                              hooks_run_by_python)
 from xmem_engine.tracing.compiler.cuda_graph_trees import GraphTreeRecord, GraphTrees
+from xmem_engine.tracing.compiler.gpu_reach import reaches_gpu
 from xmem_engine.tracing.compiler.inductor_gpu import (answering_availability, availability, inductor_for_virtual_gpu,
                                               real_availability)
 from xmem_engine.tracing.compiler.mode_stacks import (DYNAMO_KEEPS_DISPATCH_MODES, dispatch_mode_of,
@@ -286,6 +288,7 @@ class CompiledCalls:
                 self.t.vc.props, lambda mod: self.record.wrappers.append(getattr(mod, "__file__", "") or ""),
                 lambda steps: self.t.transients(PAD_MM_TIMING, steps)))
             self.stack.enter_context(self.trees.installed())
+            self.stack.enter_context(hooks_run_by_python(self.t))
             self.stack.callback(self._forget)
             self.frames_from = len(_frame_compile_times())
             self.installed = True
@@ -372,16 +375,8 @@ class CompiledCalls:
             yield
 
     def on_gpu(self, model: Any, args: tuple, kwargs: dict) -> bool:
-        """The call reaches a virtual-GPU tensor: an argument, or the module's parameters."""
-        from torch.utils._pytree import tree_leaves
-
-        is_gpu = self.t.is_gpu
-        model = getattr(model, "__self__", model)  # a bound method: nn.Module.compile's _call_impl
-        if any(isinstance(x, torch.Tensor) and is_gpu(x) for x in tree_leaves((args, kwargs))):
-            return True
-        if isinstance(model, torch.nn.Module):
-            return any(is_gpu(p) for p in itertools.chain(model.parameters(), model.buffers()))
-        return False
+        """The call reaches a virtual-GPU tensor (``gpu_reach.py``)."""
+        return reaches_gpu(model, args, kwargs, self.t.is_gpu)
 
     # -- compiling
     @contextlib.contextmanager
@@ -447,6 +442,8 @@ class VirtualGPUBackend:
         if self.where not in rec.where:
             rec.where.append(self.where)
         example_inputs = _dynamo_fakes(gm, example_inputs)
+        attributes_as_compile_fakes(gm)
+        adopt_states(self.calls.t)  # an optimizer's state Dynamo made while tracing: on the GPU by now
         try:
             with self.calls.compiling():
                 if isinstance(self.inner, torch._TorchCompileInductorWrapper):
@@ -635,11 +632,11 @@ def _flag(obj: Any, name: str, value: bool = True) -> Iterator[None]:
 def _graph_breaks() -> int:
     from torch._dynamo.utils import counters
 
-    return sum(counters["graph_break"].values())
+    return sum(v for k, v in counters["graph_break"].items() if HOOK_BREAK not in str(k))  # the user's breaks
 
 
 def _break_reasons(n: int) -> list[str]:
     from torch._dynamo.utils import counters
 
-    reasons = list(counters["graph_break"].keys())[-n:]
+    reasons = [k for k in counters["graph_break"] if HOOK_BREAK not in str(k)][-n:]
     return [str(r).splitlines()[0][:160] for r in reasons] or [f"{n} break(s)"]
