@@ -76,13 +76,14 @@ def attributes_as_compile_fakes(gm: torch.nn.Module) -> None:
     Where Dynamo installs an optimizer's parameters as attributes of the graph (torch 2.10),
     AOTAutograd lifts them as inputs and refused the tracer's CPU fakes beside its own ("fake
     mode from tracing context doesn't match"): the graph did not compile, and ran eagerly on
-    the tracer's parameters beside Dynamo's states. The compiled code reads no values; the
+    the tracer's parameters beside Dynamo's states. Only without grad (an optimizer's step):
+    there no gradient can flow to the new objects. The compiled code reads no values; the
     tracer follows what it allocates."""
     from torch._guards import TracingContext
     from torch._subclasses.fake_tensor import FakeTensor
 
     mode = getattr(TracingContext.try_get(), "fake_mode", None)
-    if mode is None:
+    if mode is None or torch.is_grad_enabled():  # a graph with a backward: its parameters get the gradients
         return
     for owner in gm.modules():
         for name, t in list(owner._parameters.items()) + list(owner._buffers.items()):
