@@ -663,3 +663,13 @@ z = f(x)
     cats = [(e.op, e.category.value) for e in tr.events if e.kind == "alloc"]
     assert cats[0] == ("aten.randn.default", "input")
     assert all(c != "input" for _, c in cats[1:]), cats
+
+
+def test_a_backend_other_than_inductor_is_named_as_what_compiled():
+    """``backend="aot_eager"`` (a common debugging step) runs AOTAutograd's graphs op by op: the
+    note names that backend and claims none of Inductor's buffers."""
+    tr = trace(MLP.replace("torch.compile(model)", "torch.compile(model, backend='aot_eager')"), {}, mode="fake",
+               device=H100)
+    note = next(n for n in tr.meta["notes"] if n.startswith("torch.compile at"))
+    assert "compiled for the target GPU by the 'aot_eager' backend" in note and "Inductor" not in note
+    assert tr.meta["compile"]["graphs"] >= 1 and not tr.meta["compile"]["wrappers"]

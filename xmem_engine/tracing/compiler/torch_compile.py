@@ -119,6 +119,7 @@ class CompileRecord:
     skipped: list[str] = field(default_factory=list)  # called, but Dynamo made no graph of it
     eager: dict[str, str] = field(default_factory=dict)  # where torch.compile ran eagerly -> why
     cuda_graphs: GraphTreeRecord = field(default_factory=GraphTreeRecord)  # mode="reduce-overhead"
+    backends: set[str] = field(default_factory=set)  # the Dynamo backends that compiled its graphs
 
     @property
     def comparable(self) -> bool:
@@ -148,21 +149,24 @@ class CompileRecord:
         if dynamo is None:
             return f"the CPU compile took {self.seconds:.1f} s"
         return (f"the CPU compile took {dynamo + self.seconds:.1f} s: Dynamo's capture {dynamo:.1f} s, "
-                f"AOTAutograd and Inductor {self.seconds:.1f} s")
+                f"AOTAutograd and {'Inductor' if 'inductor' in self.backends or not self.backends else 'the backend'} "
+                f"{self.seconds:.1f} s")
 
     def notes(self) -> list[str]:
         out = []
         if self.graphs:
             where = ", ".join(self.where) or "(library code)"
             bw = f" and {self.backward_graphs} backward" if self.backward_graphs else ""
-            out.append(f"torch.compile at {where}: compiled for the target GPU by Inductor on the CPU "
-                       f"({self.graphs} graph{'s' if self.graphs != 1 else ''}{bw}; {self.took()}). "
-                       "The estimate is the compiled step's: Inductor's buffers and "
+            by = " and ".join("Inductor" if b == "inductor" else f"the {b!r} backend" for b in sorted(self.backends))
+            out.append(f"torch.compile at {where}: compiled for the target GPU by {by or 'Inductor'} on the CPU "
+                       f"({self.graphs} graph{'s' if self.graphs != 1 else ''}{bw}; {self.took()}). " + (
+                       "The estimate is the compiled step's: its graphs as that backend runs them, op by op"
+                       if "inductor" not in self.backends else "The estimate is the compiled step's: Inductor's buffers and "
                        "the partitioner's saved activations, and what the GPU's timings allocate in the first "
                        "step (pad_mm's real matrices while compiling; at each kernel's first launch a cache-flush "
                        "buffer and copies of what it writes). The timings' choices are fixed rules here: "
                        "half-precision matmuls whose sizes are not multiples of 8 padded, Inductor's default "
-                       "kernel configs")
+                       "kernel configs"))
         if self.graph_breaks:
             shown = "; ".join(self.graph_breaks[:3])
             more = f" (and {len(self.graph_breaks) - 3} more)" if len(self.graph_breaks) > 3 else ""
@@ -228,7 +232,8 @@ class CompiledCalls:
             inner = lookup_backend(backend)
         else:
             inner = backend
-        be = VirtualGPUBackend(self, inner, where)
+        be = VirtualGPUBackend(self, inner, where, backend.name if isinstance(backend, VirtualGPUBackend) else
+                               backend if isinstance(backend, str) else getattr(backend, "__name__", "a custom"))
         compiled = self.real_compile(model, fullgraph=fullgraph, dynamic=dynamic, backend=be, disable=disable,
                                      **kwargs)
         if isinstance(compiled, torch.nn.Module):  # OptimizedModule: its forward enters Dynamo
@@ -417,8 +422,8 @@ class VirtualGPUBackend:
     """A Dynamo backend: ``inner`` (Inductor, or the backend the script named) compiling for the
     virtual GPU; its compiled callables run under the tracer's device mode."""
 
-    def __init__(self, calls: CompiledCalls, inner: Any, where: str):
-        self.calls, self.inner, self.where = calls, inner, where
+    def __init__(self, calls: CompiledCalls, inner: Any, where: str, name: str = "inductor"):
+        self.calls, self.inner, self.where, self.name = calls, inner, where, name
 
     def __eq__(self, other: object) -> bool:
         """Equal for the same trace and an equal ``inner``, as Inductor's wrappers are equal for
@@ -459,6 +464,7 @@ class VirtualGPUBackend:
                                 f"({_said(e)}); that graph ran eagerly")
             return self.calls.runtime(gm.forward)
         rec.graphs += 1
+        rec.backends.add(self.name)
         return self.calls.runtime(fn)
 
     def _inductor(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
