@@ -7,20 +7,22 @@ optimizer with torch.compile": ``@torch.compile def fn(): opt.step()``).
   calls them (Dynamo had traced the tracer's own ``_upgrade`` until its recompile limit).
 - Dynamo makes the optimizer's state while it traces (its ``OptimizerVariable`` runs
   ``_init_group`` for real, so the graph takes the states as static inputs): on the GPU those
-  zeros are allocated then, before the graph runs. The tracer's dispatch mode is off while
-  Dynamo traces, so they are taken in as allocations when the graph reaches the backend
-  (:func:`adopt_states`): the step had been estimated without its optimizer state.
+  zeros are allocated then, before the graph runs. Dynamo traces with every dispatch mode off,
+  so the step had been estimated without its optimizer state, and a state made with
+  ``device=p.device`` rather than from its parameter (``capturable``'s ``step``) asked the real
+  driver ("Found no NVIDIA driver"). :func:`states_made_on_the_virtual_gpu` runs that call
+  under the tracer's modes, and turns ``capturable`` on where Dynamo does on a GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 from xmem_engine.trace import Category
-from xmem_engine.tracing.scope import CallScope, Device
+from xmem_engine.tracing.scope import CallScope
 
 
 #: in the reason of the graph breaks Dynamo makes at the tracer's hooks (not the user's: not noted)
@@ -47,28 +49,73 @@ def hooks_run_by_python(tracer: Any) -> Iterator[None]:
                 hooks[key] = value
 
 
-def adopt_states(tracer: Any) -> int:
-    """Allocations for the states of the tracer's optimizers that Dynamo made while tracing
-    (tensors of a GPU parameter's state that the tracer has not seen); how many."""
-    made = 0
-    for opt in list(tracer._optimizers):
-        for p, state in list(opt.state.items()):
-            if not isinstance(state, dict) or not isinstance(p, torch.Tensor) or not tracer.is_gpu(p):
-                continue
-            for v in state.values():
-                if isinstance(v, torch.Tensor) and v.device.type == "cuda" and not tracer.is_gpu(v):
-                    _adopt(tracer, v)
-                    made += 1
-    return made
+@contextlib.contextmanager
+def states_made_on_the_virtual_gpu(tracer: Any, modes: Callable[[], tuple[Any, Any]]) -> Iterator[None]:
+    """What Dynamo's ``OptimizerVariable`` does for real to a tracer optimizer, as on the GPU:
+    ``_init_group`` and ``move_step_if_cpu`` run with the tracer's fake mode and dispatch mode
+    back on (Dynamo has every mode off), their allocations counted as optimizer state (the
+    dispatch mode places ``cuda`` factories on the virtual GPU: ``AllocMode._between_graphs``);
+    and ``capturable`` is turned on where Dynamo turns it on for GPU parameters (``p.is_cuda``,
+    which the tracer's CPU fakes answer False to C++). ``modes()``: (fake mode or None,
+    dispatch mode or None)."""
+    from torch._dynamo.variables.optimizer import OptimizerVariable
 
+    from xmem_engine.tracing.compiler.mode_stacks import with_dispatch_mode
 
-def _adopt(tracer: Any, t: torch.Tensor) -> None:
-    st = t.untyped_storage()
-    saved, tracer.scope = tracer.scope, CallScope(Device.GPU, False, None, None, Category.OPTIMIZER_STATE)
+    real = {name: getattr(OptimizerVariable, name, None)
+            for name in ("call_method", "move_step_if_cpu", "_set_capturable")}
+
+    def ours(opt: Any) -> bool:
+        return modes()[1] is not None and opt in tracer._optimizers
+
+    @contextlib.contextmanager
+    def under_tracer() -> Iterator[None]:
+        fake, dispatch = modes()
+        saved, tracer.scope = tracer.scope, CallScope(category=Category.OPTIMIZER_STATE)
+        try:
+            with (fake if fake is not None else contextlib.nullcontext()), with_dispatch_mode(dispatch):
+                yield
+        finally:
+            tracer.scope = saved
+
+    def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
+        opt = self.value
+        if name != "_init_group" or not ours(opt):
+            return real["call_method"](self, tx, name, args, kwargs)
+        init = opt._init_group
+
+        def init_group(*a: Any, **k: Any) -> Any:
+            with under_tracer():
+                return init(*a, **k)
+
+        opt._init_group = init_group  # what OptimizerVariable calls, for this call only
+        try:
+            return real["call_method"](self, tx, name, args, kwargs)
+        finally:
+            vars(opt).pop("_init_group", None)
+
+    def move_step_if_cpu(self: Any) -> None:
+        with under_tracer() if ours(self.value) else contextlib.nullcontext():
+            real["move_step_if_cpu"](self)
+
+    def set_capturable(self: Any, tx: Any) -> None:
+        opt = self.value
+        if ours(opt):
+            for group in opt.param_groups:
+                if "capturable" in group and all(tracer.is_gpu(p) and p not in opt.state for p in group["params"]):
+                    group["capturable"] = True
+        real["_set_capturable"](self, tx)
+
+    ours_by_name = {"call_method": call_method, "move_step_if_cpu": move_step_if_cpu, "_set_capturable": set_capturable}
+    for name, fn in real.items():
+        if fn is not None:
+            setattr(OptimizerVariable, name, ours_by_name[name])
     try:
-        tracer.on_new_storage("aten.zeros_like.default", t, st, st._cdata, st.nbytes())
+        yield
     finally:
-        tracer.scope = saved
+        for name, fn in real.items():
+            if fn is not None:
+                setattr(OptimizerVariable, name, fn)
 
 
 def attributes_as_compile_fakes(gm: torch.nn.Module) -> None:

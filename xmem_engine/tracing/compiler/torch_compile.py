@@ -51,8 +51,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.tracing.compiler.compiled_optimizers import (HOOK_BREAK, adopt_states, attributes_as_compile_fakes,
-                                                              hooks_run_by_python)
+from xmem_engine.tracing.compiler.compiled_optimizers import (HOOK_BREAK, attributes_as_compile_fakes,
+                                                              hooks_run_by_python, states_made_on_the_virtual_gpu)
 from xmem_engine.tracing.compiler.cuda_graph_trees import GraphTreeRecord, GraphTrees
 from xmem_engine.tracing.compiler.gpu_reach import reaches_gpu
 from xmem_engine.tracing.compiler.inductor_gpu import (answering_availability, availability, inductor_for_virtual_gpu,
@@ -200,6 +200,7 @@ class CompiledCalls:
         self.attention: Callable[..., Any] | None = None  # sdpa.compiled_attention for the target GPU
         self.unavailable = compile_unavailable()
         self.hidden: Any | None = None  # hidden_dispatch_mode(), kept for the compiled code's runtime
+        self.dispatch: Any | None = None  # the tracer's dispatch mode, seen at the last compiled call
 
     # -- what the user calls
     def compile(self, model: Any = None, *, fullgraph: bool = False, dynamic: bool | None = None,
@@ -294,6 +295,7 @@ class CompiledCalls:
                 lambda steps: self.t.transients(PAD_MM_TIMING, steps)))
             self.stack.enter_context(self.trees.installed())
             self.stack.enter_context(hooks_run_by_python(self.t))
+            self.stack.enter_context(states_made_on_the_virtual_gpu(self.t, lambda: (self.t.fake_mode, self.dispatch)))
             self.stack.callback(self._forget)
             self.frames_from = len(_frame_compile_times())
             self.installed = True
@@ -329,6 +331,7 @@ class CompiledCalls:
             breaks = _graph_breaks()
             try:
                 self.hidden = self.hidden_dispatch_mode() or self.hidden
+                self.dispatch = dispatch_mode_of(lambda m: getattr(m, "t", None) is t) or self.dispatch
                 with without_function_mode(mode), without_dispatch_mode(self.hidden), \
                         _flag(t, "in_dynamo"), hooks_off(t), real_availability(), self.functions_for_dynamo():
                     out = fn(*args, **kwargs)
@@ -448,7 +451,6 @@ class VirtualGPUBackend:
             rec.where.append(self.where)
         example_inputs = _dynamo_fakes(gm, example_inputs)
         attributes_as_compile_fakes(gm)
-        adopt_states(self.calls.t)  # an optimizer's state Dynamo made while tracing: on the GPU by now
         try:
             with self.calls.compiling():
                 if isinstance(self.inner, torch._TorchCompileInductorWrapper):
