@@ -1,17 +1,7 @@
-"""A compiled function over bitsandbytes' 4-bit weights: Dynamo should judge xmem's fake
-``Params4bit`` as it judges the real one. It does not yet (strict xfails, to flag the fix):
-
-- xmem's fake ``Params4bit`` is a subclass of ``FakeTensor`` too (``bitsandbytes_shim.fake_class``),
-  whose ``__torch_dispatch__`` is not ``torch.Tensor``'s, so Dynamo wraps it as a plain Python
-  object: a Triton kernel given the weight breaks the graph ("Failed to convert args/kwargs to
-  proxy"), and ``weight.device`` (``FakeTensor.device``, a Python property in torch's skip list)
-  breaks it too ("Attempted to call function marked as skipped"). With the real class Dynamo
-  makes one graph.
-- Unsloth's compiled QLoRA blocks meet both: its conversational notebook made 32 graphs with 56
-  such breaks. Registering the fake classes as tensors for Dynamo (and answering the attribute
-  check from the library's class) made 2 graphs and 1 backward, no break, but the LoRA weights'
-  gradients came back None from the compiled backward (the estimate lost its gradients and
-  optimizer states), for a cause not found (2026-12-05, benchmarks/HISTORY.md); reverted."""
+"""A compiled function over bitsandbytes' 4-bit weights: Dynamo judges xmem's fake ``Params4bit``
+as it judges the real one (``tracing/compiler/fake_parameters.py``). A compiled QLoRA block
+(Unsloth's) had broken its graph at every ``weight.device`` and at a Triton kernel given the
+weight, which a GPU run does not."""
 
 from __future__ import annotations
 
@@ -77,19 +67,17 @@ def _dynamo_on_the_real_class() -> tuple[int, int]:
     return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
-@pytest.mark.xfail(strict=True, reason="xmem's fake Params4bit is a plain object to Dynamo (module docstring)")
 def test_a_4bit_weights_device_is_read_in_the_graph_as_for_the_real_class():
     graphs, breaks = _dynamo_on_the_real_class()
     assert (graphs, breaks) == (1, 0)
     t = trace(VIRTUAL, {}, mode="fake", device=H100)
-    info = t.meta.get("compile") or {"graphs": 0, "graph_breaks": [], "failures": []}  # none: nothing compiled
+    info = t.meta["compile"]
     assert (info["graphs"], len(info["graph_breaks"])) == (graphs, breaks), t.meta["notes"]
 
 
-@pytest.mark.xfail(strict=True, reason="xmem's fake Params4bit is a plain object to Dynamo (module docstring)")
 def test_a_4bit_weight_given_to_a_triton_kernel_stays_in_the_graph():
     t = trace(TRITON, {}, mode="fake", device=H100)
-    info = t.meta.get("compile") or {"graphs": 0, "graph_breaks": [], "failures": []}  # none: nothing compiled
+    info = t.meta["compile"]
     assert info["graphs"] == 1 and not info["graph_breaks"] and not info["failures"], t.meta["notes"]
     # the kernel's output (64 x 64 4-bit values packed two to a byte: 2,048 floats) and its double
     outs = [e for e in t.events if e.kind == "alloc" and e.shape == (2048,) and e.dtype == "float32"]

@@ -1,4 +1,4 @@
-"""The tracer's modes taken off (and put back on) PyTorch's mode stacks around a compiled call.
+"""The tracer's modes and hooks taken off (and put back on) PyTorch's stacks around a compiled call.
 
 Dynamo traces a compiled call's Python without the tracer's torch-function mode (the device
 mode's rewrites would become part of the graph). From torch 2.10 a dispatch mode can stay on the
@@ -6,6 +6,7 @@ stack while Dynamo compiles (``TorchDispatchMode.ignore_compile_internals``: Dyn
 while compiling and the compiled code's ops reach it); before that, Dynamo compiles nothing while
 a non-infra dispatch mode is on the stack ("non-infra torch dispatch mode present"), so there the
 tracer's dispatch mode is taken off for the call and put back while the compiled code runs.
+The tracer's module hooks and saved-tensor hooks are taken off likewise (:func:`hooks_off`).
 """
 
 from __future__ import annotations
@@ -94,3 +95,47 @@ def _non_infra_flag(value: bool) -> Iterator[None]:
         yield
     finally:
         python_dispatch._is_in_non_infra_torch_dispatch_mode = old
+
+
+@contextlib.contextmanager
+def hooks_off(tracer: Any, off: bool = True) -> Iterator[None]:
+    """The tracer's module and saved-tensor hooks off (``off=False``: back on, inside a region
+    where they are off), as they were at exit. Dynamo would trace them into a compiled graph;
+    the compiled graph's runtime has them on again, its saved tensors being activations like any."""
+    import torch.nn.modules.module as module_mod
+
+    from xmem_engine.tracing.tracer import unpack_saved
+
+    hooks = ((module_mod._global_forward_pre_hooks, -1, tracer._forward_pre),
+             (module_mod._global_forward_hooks, -2, tracer._forward_post))
+    changed = []
+    for d, key, fn in hooks:
+        present = [k for k, v in d.items() if v == fn]
+        if off:
+            for k in present:
+                changed.append((d, k, d.pop(k), True))
+        elif not present:
+            d[key] = fn
+            changed.append((d, key, fn, False))
+    top_of = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top_of is not None:
+        top = top_of(True)
+        mine = top is not None and top[0] == tracer._pack
+    else:  # torch < 2.7 cannot say: the tracer's hooks are taken to be the innermost
+        mine = off
+    if off and mine:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+    elif not off and not mine:
+        torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, unpack_saved)
+    try:
+        yield
+    finally:
+        for d, k, fn, removed in changed:
+            if removed:
+                d[k] = fn
+            else:
+                d.pop(k, None)
+        if off and mine:
+            torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, unpack_saved)
+        elif not off and not mine:
+            torch._C._autograd._pop_saved_tensors_default_hooks()

@@ -10,8 +10,9 @@ It does what the C++ engine does for the graphs AOTAutograd traces: dependencies
 edge, ready nodes run in descending sequence number (the CPU ready queue's order), each
 gradient checked against the node's input metadata (``validate_outputs``: summed to its shape,
 cast to its dtype), custom ``Function`` nodes called through ``apply`` with their missing
-gradients materialized as zeros, and the gradients of the requested inputs captured at their
-gradient edges. AOTAutograd's pre/post hooks that keep each backward node's stack trace and
+gradients materialized as zeros (their gradients for arguments that were not tensors dropped, as
+the C++ engine drops them by its ``is_variable_input``: :func:`installed` notes which were), and
+the gradients of the requested inputs captured at their gradient edges. AOTAutograd's pre/post hooks that keep each backward node's stack trace and
 sequence number for the FX graph (``setup_stacktrace_preservation_hooks``) are C++-engine
 hooks; they are done here around each call. Runtime ``backward()`` never comes here: xmem's
 traced tensors are CPU tensors at the C++ level, which the C++ engine runs.
@@ -19,8 +20,10 @@ traced tensors are CPU tensors at the C++ level, which the C++ engine runs.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
-from typing import Any, Sequence
+import inspect
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.fx.traceback as fx_traceback
@@ -29,6 +32,54 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 def _is_python_node(node: Any) -> bool:
     return hasattr(node, "_forward_cls")  # a custom autograd.Function's backward node
+
+
+#: id(node) -> (node, which of its Function's arguments were tensors), for the Functions applied
+#: while :func:`installed` (the C++ engine keeps this as ``PyNode``'s ``is_variable_input``)
+_VARIABLE_INPUTS: dict[int, tuple[Any, list[bool]]] = {}
+_RECORDING = [0]  # how many installed() blocks are open: AOTAutograd keeps the patched ``apply`` of its
+# runtime Function (CompiledFunction.apply) beyond the compile, where it must only pass calls on
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """``torch.autograd.grad`` is :func:`grad` for the block, and each ``autograd.Function``
+    applied notes which of its arguments were tensors. A Function's ``backward`` returns one
+    gradient per argument while its node has edges for the tensors only: Dynamo's
+    ``autograd_function_apply`` passes the graph's SymInts too (dynamic shapes), and the LoRA
+    weights' gradients of Unsloth's fused LoRA Functions had gone to the wrong edges."""
+    from torch.autograd import function as function_mod
+    from torch.utils._pytree import tree_leaves
+
+    real = vars(torch.autograd.Function)["apply"]
+
+    def apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real.__get__(None, cls)(*args, **kwargs)  # a classmethod (torch < 2.13) or C's descriptor
+        if not _RECORDING[0]:
+            return out
+        bound = args
+        if function_mod._is_setup_context_defined(cls.setup_context):  # as Function.apply binds them
+            sig = inspect.signature(cls.forward).bind(*args, **kwargs)
+            sig.apply_defaults()
+            bound = sig.args
+        node = next((t.grad_fn for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None
+                     and getattr(t.grad_fn, "_forward_cls", None) is cls), None)
+        if node is not None:
+            _VARIABLE_INPUTS[id(node)] = (node, [isinstance(a, torch.Tensor) for a in bound])
+        return out
+
+    before = set(_VARIABLE_INPUTS)  # a compile inside another one (a lazy backward's) keeps the outer's
+    torch.autograd.Function.apply = classmethod(apply)  # type: ignore[assignment,method-assign]
+    saved_grad, torch.autograd.grad = torch.autograd.grad, grad  # type: ignore[assignment]
+    _RECORDING[0] += 1
+    try:
+        yield
+    finally:
+        _RECORDING[0] -= 1
+        torch.autograd.Function.apply = real  # type: ignore[method-assign]
+        torch.autograd.grad = saved_grad  # type: ignore[assignment]
+        for key in set(_VARIABLE_INPUTS) - before:
+            del _VARIABLE_INPUTS[key]
 
 
 _MARK = getattr(fx_traceback, "_mark_autograd_backward", lambda: None)  # torch 2.11+
@@ -44,13 +95,26 @@ def _call(node: Any, grads: list) -> tuple:
             if getattr(node, "materialize_grads", True):
                 grads = [g if g is not None else torch.zeros(m.shape, dtype=m.dtype, device=m.device)
                          for g, m in zip(grads, node._input_metadata)]
-            out = node.apply(*grads)
+            out = _per_edge(node, node.apply(*grads))
         else:
             out = node(*grads)
     finally:
         fx_traceback.reset_grad_fn_seq_nr()
         _RESET()
     return out if isinstance(out, tuple) else (out,)
+
+
+def _per_edge(node: Any, out: Any) -> Any:
+    """A Function's gradients as its node's edges take them: extra trailing Nones cut, and those
+    for arguments that were not tensors dropped (``PyNode::apply``)."""
+    noted = _VARIABLE_INPUTS.get(id(node))
+    if noted is None or noted[0] is not node:
+        return out
+    tensors = noted[1]
+    out = out if isinstance(out, tuple) else (out,)
+    if len(out) > len(tensors) and all(g is None for g in out[len(tensors):]):
+        out = out[:len(tensors)]
+    return tuple(g for g, is_tensor in zip(out, tensors) if is_tensor)
 
 
 def _validate(grad: torch.Tensor | None, node: Any, nr: int) -> torch.Tensor | None:

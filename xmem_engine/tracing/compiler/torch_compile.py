@@ -54,10 +54,11 @@ import torch
 from xmem_engine.tracing.compiler.compiled_optimizers import (HOOK_BREAK, attributes_as_compile_fakes,
                                                               hooks_run_by_python, states_made_on_the_virtual_gpu)
 from xmem_engine.tracing.compiler.cuda_graph_trees import GraphTreeRecord, GraphTrees
+from xmem_engine.tracing.compiler.fake_parameters import dynamo_sees_library_classes
 from xmem_engine.tracing.compiler.gpu_reach import reaches_gpu
 from xmem_engine.tracing.compiler.inductor_gpu import (answering_availability, availability, inductor_for_virtual_gpu,
                                               real_availability)
-from xmem_engine.tracing.compiler.mode_stacks import (DYNAMO_KEEPS_DISPATCH_MODES, dispatch_mode_of,
+from xmem_engine.tracing.compiler.mode_stacks import (DYNAMO_KEEPS_DISPATCH_MODES, dispatch_mode_of, hooks_off,
                                                        with_dispatch_mode, without_dispatch_mode,
                                                        without_function_mode)
 from xmem_engine.tracing.patches import eager_compiled, patched_attr, patched_item
@@ -201,6 +202,7 @@ class CompiledCalls:
         self.unavailable = compile_unavailable()
         self.hidden: Any | None = None  # hidden_dispatch_mode(), kept for the compiled code's runtime
         self.dispatch: Any | None = None  # the tracer's dispatch mode, seen at the last compiled call
+        self.register_fakes: Callable[[], None] = lambda: None  # fake_parameters.py, once installed
 
     # -- what the user calls
     def compile(self, model: Any = None, *, fullgraph: bool = False, dynamic: bool | None = None,
@@ -296,6 +298,7 @@ class CompiledCalls:
             self.stack.enter_context(self.trees.installed())
             self.stack.enter_context(hooks_run_by_python(self.t))
             self.stack.enter_context(states_made_on_the_virtual_gpu(self.t, lambda: (self.t.fake_mode, self.dispatch)))
+            self.register_fakes = self.stack.enter_context(dynamo_sees_library_classes())
             self.stack.callback(self._forget)
             self.frames_from = len(_frame_compile_times())
             self.installed = True
@@ -374,6 +377,7 @@ class CompiledCalls:
 
         from xmem_engine.tracing.kernels.sdpa import compiled_attention
 
+        self.register_fakes()  # fake parameter classes made since the last call, as Dynamo sees the real ones
         if self.attention is None:
             props = self.t.vc.props
             self.attention = compiled_attention((props.major, props.minor))
@@ -397,7 +401,7 @@ class CompiledCalls:
         with contextlib.ExitStack() as stack:
             stack.enter_context(_flag(self.t, "compiling"))
             stack.enter_context(real_availability())
-            stack.enter_context(patched_attr(torch.autograd, "grad", python_autograd.grad))
+            stack.enter_context(python_autograd.installed())
             try:
                 yield
             finally:
@@ -524,50 +528,6 @@ def standing_in_for_main(main: types.ModuleType) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- small helpers
-@contextlib.contextmanager
-def hooks_off(tracer: Any, off: bool = True) -> Iterator[None]:
-    """The tracer's module and saved-tensor hooks off (``off=False``: back on, inside a region
-    where they are off), as they were at exit. Dynamo would trace them into a compiled graph;
-    the compiled graph's runtime has them on again, its saved tensors being activations like any."""
-    import torch.nn.modules.module as module_mod
-
-    from xmem_engine.tracing.tracer import unpack_saved
-
-    hooks = ((module_mod._global_forward_pre_hooks, -1, tracer._forward_pre),
-             (module_mod._global_forward_hooks, -2, tracer._forward_post))
-    changed = []
-    for d, key, fn in hooks:
-        present = [k for k, v in d.items() if v == fn]
-        if off:
-            for k in present:
-                changed.append((d, k, d.pop(k), True))
-        elif not present:
-            d[key] = fn
-            changed.append((d, key, fn, False))
-    top_of = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    if top_of is not None:
-        top = top_of(True)
-        mine = top is not None and top[0] == tracer._pack
-    else:  # torch < 2.7 cannot say: the tracer's hooks are taken to be the innermost
-        mine = off
-    if off and mine:
-        torch._C._autograd._pop_saved_tensors_default_hooks()
-    elif not off and not mine:
-        torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, unpack_saved)
-    try:
-        yield
-    finally:
-        for d, k, fn, removed in changed:
-            if removed:
-                d[k] = fn
-            else:
-                d.pop(k, None)
-        if off and mine:
-            torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, unpack_saved)
-        elif not off and not mine:
-            torch._C._autograd._pop_saved_tensors_default_hooks()
-
-
 def _dynamo_skips_the_tracer() -> None:
     """Dynamo never compiles the tracer's own handlers. Where it skips a frame it runs the frame
     eagerly with its callback on, and would take the next Python frame for a new entry: under a
