@@ -65,15 +65,20 @@ trainer.train()
 '''
 
 
-@pytest.fixture(scope="module")
-def estimate(tmp_path_factory) -> dict:
-    work = tmp_path_factory.mktemp("unsloth")  # Unsloth writes its compiled trainers into the working folder
-    (work / "qlora.py").write_text(SCRIPT)
+def estimate_in_child(work: Path, script: str, gpu: str) -> dict:
+    """``xmem estimate --json`` of ``script`` in a child process run in ``work`` (Unsloth writes
+    its compiled trainers into the working folder); its JSON answer."""
+    (work / "script.py").write_text(script)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-m", "xmem_engine", "estimate", "--gpu", "T4", "--json", "qlora.py"],
+    run = subprocess.run([sys.executable, "-m", "xmem_engine", "estimate", "--gpu", gpu, "--json", "script.py"],
                          cwd=work, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(run.stdout[run.stdout.index("{"):])
+
+
+@pytest.fixture(scope="module")
+def estimate(tmp_path_factory) -> dict:
+    return estimate_in_child(tmp_path_factory.mktemp("unsloth"), SCRIPT, "T4")
 
 
 def test_unsloth_qlora_is_estimated_in_fake_mode(estimate):
