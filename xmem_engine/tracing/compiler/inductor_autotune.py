@@ -112,16 +112,16 @@ def _span(t: torch.Tensor) -> int:
     return sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
 
 
-def timed_calls(copies: Callable[[], list], flush_bytes: int) -> None:
+def timed_calls(copies: Callable[[], list], flush: int) -> None:
     """What timing a kernel keeps alive on the (virtual) GPU, as Triton's and Inductor's
     benchmarkers run it: a warm-up call's copies of its arguments, then the cache-flush buffer
     (int32) and a timed call's copies beside it; all freed at the end. Every further call and
     config allocates the same sizes again, from the blocks the caching allocator kept."""
     made = copies()
     del made
-    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
+    buffer = torch.empty(flush // 4, dtype=torch.int32, device="cuda")
     made = copies()
-    del made, flush
+    del made, buffer
 
 
 def benchmark_allocations(tune: Autotune, args: tuple, flush: int) -> None:

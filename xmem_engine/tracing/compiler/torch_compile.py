@@ -200,7 +200,6 @@ class CompiledCalls:
         self.frames_from = 0  # Dynamo's frame compiles recorded before this trace compiled
         self.attention: Callable[..., Any] | None = None  # sdpa.compiled_attention for the target GPU
         self.unavailable = compile_unavailable()
-        self.hidden: Any | None = None  # hidden_dispatch_mode(), kept for the compiled code's runtime
         self.dispatch: Any | None = None  # the tracer's dispatch mode, seen at the last compiled call
         self.register_fakes: Callable[[], None] = lambda: None  # fake_parameters.py, once installed
 
@@ -333,7 +332,6 @@ class CompiledCalls:
                 t.symbolic.pin(f"{where}: torch.compile traces its graphs at concrete sizes")
             breaks = _graph_breaks()
             try:
-                self.hidden = self.hidden_dispatch_mode() or self.hidden
                 self.dispatch = dispatch_mode_of(lambda m: getattr(m, "t", None) is t) or self.dispatch
                 with without_function_mode(mode), without_dispatch_mode(self.hidden), \
                         _flag(t, "in_dynamo"), hooks_off(t), real_availability(), self.functions_for_dynamo():
@@ -351,12 +349,11 @@ class CompiledCalls:
         call.__wrapped__ = fn  # type: ignore[attr-defined]
         return call
 
-    def hidden_dispatch_mode(self) -> Any | None:
+    @property
+    def hidden(self) -> Any | None:
         """The tracer's dispatch mode where this torch's Dynamo compiles nothing under it (before
         2.10, ``mode_stacks.py``): taken off for a compiled call, back on while compiled code runs."""
-        if DYNAMO_KEEPS_DISPATCH_MODES:
-            return None
-        return dispatch_mode_of(lambda m: getattr(m, "t", None) is self.t)
+        return None if DYNAMO_KEEPS_DISPATCH_MODES else self.dispatch
 
     def raised(self, where: str, e: BaseException) -> None:
         """A compiled call that raised is said once: the code may catch it and run something else
