@@ -39,7 +39,7 @@ def hooks_run_by_python(tracer: Any) -> Iterator[None]:
                       (optim_mod._global_optimizer_post_hooks, tracer._optimizer_post)):
         for key, value in list(hooks.items()):
             if value == fn:
-                hooks[key] = torch._dynamo.disable(fn, reason=HOOK_BREAK)
+                hooks[key] = _run_by_python(fn)
                 changed.append((hooks, key, value))
     try:
         yield
@@ -47,6 +47,20 @@ def hooks_run_by_python(tracer: Any) -> Iterator[None]:
         for hooks, key, value in changed:
             if key in hooks:
                 hooks[key] = value
+
+
+def _run_by_python(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` Dynamo-disabled, its graph break's reason holding :data:`HOOK_BREAK`. Dynamo before
+    torch 2.7 (the kk recording's 2.6) takes no reason and names the function in the break: there
+    the function is named so."""
+    try:
+        return torch._dynamo.disable(fn, reason=HOOK_BREAK)
+    except TypeError:
+        def hook(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        hook.__name__ = hook.__qualname__ = HOOK_BREAK
+        return torch._dynamo.disable(hook)
 
 
 @contextlib.contextmanager

@@ -33,15 +33,6 @@ def fake_parameter_classes() -> list[type]:
     return [c for c in FakeTensor.__subclasses__() if issubclass(c, torch.nn.Parameter)]
 
 
-def _library_class(cls: type) -> type | None:
-    """The library's class a fake parameter class stands for (its first base), or None."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if isinstance(cls, type) and FakeTensor in cls.__bases__ and issubclass(cls, torch.nn.Parameter):
-        return cls.__bases__[0]
-    return None
-
-
 @contextlib.contextmanager
 def dynamo_sees_library_classes() -> Iterator[Any]:
     """While the trace lasts; yields ``register()``, to be called before Dynamo runs, which adds
@@ -50,7 +41,7 @@ def dynamo_sees_library_classes() -> Iterator[Any]:
 
     table = builder.VariableBuilder._type_dispatch()
     wrap = table.get(torch._subclasses.FakeTensor)
-    added: list[type] = []
+    added: list[type] = []  # the fake parameter classes registered; each one's first base is the library's
 
     def register() -> None:
         if wrap is None:
@@ -60,24 +51,26 @@ def dynamo_sees_library_classes() -> Iterator[Any]:
                 table[cls] = wrap
                 added.append(cls)
 
-    real_overridden = torch_function._is_attr_overridden
+    check = "_is_attr_overridden" if hasattr(torch_function, "_is_attr_overridden") else "_is_attr_overidden"  # torch < 2.7
+    real_overridden = getattr(torch_function, check)
 
     def is_attr_overridden(tx: Any, var: Any, name: str) -> bool:
         try:
-            library = _library_class(var.python_type())
+            cls = var.python_type()
         except Exception:  # noqa: BLE001 - a variable without a Python type: Dynamo's own answer
-            library = None
-        if library is None:
+            cls = None
+        if cls not in added:
             return real_overridden(tx, var, name)
+        library = cls.__bases__[0]
         try:
             return inspect.getattr_static(library, name) != getattr(torch.Tensor, name)
         except AttributeError:
             return False
 
-    torch_function._is_attr_overridden = is_attr_overridden
+    setattr(torch_function, check, is_attr_overridden)
     try:
         yield register
     finally:
-        torch_function._is_attr_overridden = real_overridden
+        setattr(torch_function, check, real_overridden)
         for cls in added:
             table.pop(cls, None)
