@@ -3,7 +3,9 @@
 A form leaves out what only names a call: its requests in order, each allocation with its role
 (freed in the step, kept in the cache object the call was given, or returned), each free with
 what it frees, the records the tracer keeps beside the events (GEMMs into given outputs,
-reductions' staging buffers as their launch plans), the inputs' shapes, and the cache's
+reductions' staging buffers as their launch plans, Triton launches counted), the inputs' shapes
+(lists of tensors too: Unsloth passes its cache as lists of views), how its output is built
+(``_output_recipe``), and the cache's
 tensors, counters and small known values after the call. Two forms of the same step a token
 apart differ only in integers (``affine.fit``). The state of a call is read by path from its
 arguments (``("past_key_values", "layers", 3, "keys")``), without holding a tensor past the
@@ -13,7 +15,7 @@ moment the step would free it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -77,8 +79,8 @@ def signature(args: tuple, kwargs: dict) -> tuple:
             return x
         if _is_state(x):
             return ("O", type(x).__qualname__)
-        if isinstance(x, (list, tuple)) and all(y is None or type(y) in (int, float, bool, str) for y in x):
-            return tuple(x)
+        if type(x) in (list, tuple):  # a cache passed as lists of tensors (Unsloth's), or plain values
+            return (type(x).__name__, tuple(one(y) for y in x))
         raise NotReplayable(f"an argument of type {type(x).__name__}")
 
     modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cuda"),
@@ -152,6 +154,7 @@ class Snapshot:
     groups: int
     convs: int
     sdpa: int
+    launches: dict  # Triton launches by kernel
 
 
 def snapshot(tr: Any, args: tuple, kwargs: dict) -> Snapshot:
@@ -163,38 +166,91 @@ def snapshot(tr: Any, args: tuple, kwargs: dict) -> Snapshot:
             ids[rec.event.id] = path
         versions[path] = (storage_key(t), t._version, tr.shadows is not None and tr.shadows.real(t) is not None)
     del tensors
-    return Snapshot(ids, versions, len(tr.events), len(tr.gemm_into), len(tr.by_sm), len(tr.conv_calls), tr.sdpa_calls)
+    return Snapshot(ids, versions, len(tr.events), len(tr.gemm_into), len(tr.by_sm), len(tr.conv_calls), tr.sdpa_calls,
+                    _launches(tr))
+
+
+def _launches(tr: Any) -> dict:
+    return tr.triton.counts() if getattr(tr, "triton", None) is not None else {}
+
+
+def _argument_storages(args: tuple, kwargs: dict) -> dict[int, Path]:
+    """Storage key -> the path of a tensor of the call's arguments, in them and in the lists and
+    tuples they hold (a cache passed as lists of views of buffers the model keeps)."""
+    out: dict[int, Path] = {}
+
+    def walk(x: Any, path: Path, depth: int) -> None:
+        if isinstance(x, torch.Tensor):
+            out.setdefault(storage_key(x), path)
+        elif type(x) in (list, tuple) and depth < _STATE_DEPTH:
+            for i, y in enumerate(x):
+                walk(y, path + (i,), depth + 1)
+
+    for k, v in [*enumerate(args), *kwargs.items()]:
+        walk(v, (k,), 0)
+    del walk  # the closure calls itself: a cycle, broken here
+    return out
 
 
 def _output_recipe(tr: Any, out: Any, args: tuple, kwargs: dict, made: set, held: dict) -> tuple:
     """How the call's output is built again: its type and, per item, a tensor the step made
     (``("new", key, shape, strides, dtype, device)``), one of the call's arguments
     (``("arg", name)``), a tensor they hold (``("held", path)``: an encoder's output passed
-    back) or a plain value (``("value", v)``). ``held``: id of a tensor -> its path."""
+    back), a view of an argument's storage (``("view", path, shape, strides, offset)``: Unsloth
+    returns its keys and values as views of buffers its layers keep, and is given them back),
+    a list or tuple of these (``("seq", type, items)``) or a plain value (``("value", v)``).
+    A key is the item's path in the output. ``held``: id of a tensor -> its path."""
     given = {id(v): k for k, v in [*enumerate(args), *kwargs.items()]}
+    storages = _argument_storages(args, kwargs)
     if not (isinstance(out, (dict, torch.Tensor)) or type(out) is tuple):
         raise NotReplayable(f"returns a {type(out).__name__}")
-    parts, seen = [], set()
-    for key, v in items(out):
+    seen: set = set()
+
+    def how(key: Path, v: Any) -> tuple:
+        if id(v) in given:
+            return ("arg", given[id(v)])
         if isinstance(v, torch.Tensor) and id(v) in held:
-            how = ("held", held[id(v)])
-        elif isinstance(v, torch.Tensor):
+            return ("held", held[id(v)])
+        if isinstance(v, torch.Tensor):
             r = tr.live.get(storage_key(v))
-            if r is None or r.event is None or r.event.id not in made or v.storage_offset() != 0:
-                raise NotReplayable(f"returns a tensor ({key}) it did not make")
-            if r.event.id in seen:
-                raise NotReplayable(f"returns one tensor twice ({key})")
-            seen.add(r.event.id)
-            how = ("new", key, tuple(v.shape), tuple(v.stride()), str(v.dtype).removeprefix("torch."), str(v.device))
-        elif id(v) in given:
-            how = ("arg", given[id(v)])
-        elif v is None or type(v) in (int, float, bool, str):
-            how = ("value", v)
-        else:
-            raise NotReplayable(f"returns a {type(v).__name__} ({key})")
-        parts.append((key, how))
+            if r is not None and r.event is not None and r.event.id in made and v.storage_offset() == 0:
+                if r.event.id in seen:
+                    raise NotReplayable(f"returns one tensor twice ({key})")
+                seen.add(r.event.id)
+                return ("new", key, tuple(v.shape), tuple(v.stride()), str(v.dtype).removeprefix("torch."),
+                        str(v.device))
+            if storage_key(v) in storages and (r is None or r.event is None or r.event.id not in made):
+                return ("view", storages[storage_key(v)], tuple(v.shape), tuple(v.stride()), v.storage_offset())
+            raise NotReplayable(f"returns a tensor ({key}) it did not make")
+        if v is None or type(v) in (int, float, bool, str):
+            return ("value", v)
+        if type(v) in (list, tuple) and len(key) < _STATE_DEPTH:
+            return ("seq", type(v), tuple(how(key + (i,), y) for i, y in enumerate(v)))
+        raise NotReplayable(f"returns a {type(v).__name__} ({key})")
+
+    parts = tuple((key, how((key,), v)) for key, v in items(out))
+    del how  # the closure calls itself: a cycle, broken here
     cls = torch.Tensor if isinstance(out, torch.Tensor) else type(out)
-    return (cls, tuple(parts))
+    return (cls, parts)
+
+
+def recipe_leaves(recipe: tuple, kind: str) -> Iterator[tuple]:
+    """The items of an output's recipe of one kind (``"new"``, ``"view"``), in lists too."""
+    stack = [how for _, how in recipe[1]]
+    while stack:
+        how = stack.pop()
+        if how[0] == "seq":
+            stack.extend(how[2])
+        elif how[0] == kind:
+            yield how
+
+
+def leaf(out: Any, key: Path) -> Any:
+    """The item of a call's output at ``key`` (its path in the output)."""
+    v = dict(items(out))[key[0]]
+    for i in key[1:]:
+        v = v[i]
+    return v
 
 
 def call_form(tr: Any, snap: Snapshot, args: tuple, kwargs: dict, out: Any) -> tuple:
@@ -249,10 +305,10 @@ def call_form(tr: Any, snap: Snapshot, args: tuple, kwargs: dict, out: Any) -> t
             kept[r.event.id] = (path, t)
     recipe = _output_recipe(tr, out, args, kwargs, set(made) - set(kept),
                             {id(t): path for path, t in tensors.items()})
-    values = dict(items(out))
-    returned = {tr.live[storage_key(values[key])].event.id: key for key, how in recipe[1] if how[0] == "new"}
+    returned = {tr.live[storage_key(leaf(out, how[1]))].event.id: how[1] for how in recipe_leaves(recipe, "new")}
     for event_id, row in made.items():
-        holder = kept[event_id][1] if event_id in kept else values[returned[event_id]] if event_id in returned else None
+        holder = kept[event_id][1] if event_id in kept else leaf(out, returned[event_id]) if event_id in returned \
+            else None
         if holder is not None and not _fits(rows[row][1], holder):
             raise NotReplayable(f"keeps a tensor its storage cannot be made for ({rows[row][4]})")
         del holder
@@ -265,7 +321,6 @@ def call_form(tr: Any, snap: Snapshot, args: tuple, kwargs: dict, out: Any) -> t
         else:
             raise NotReplayable(f"keeps a tensor outside its cache and output ({rows[row][4]})")
     kept.clear()
-    del values
     # a replaced cache tensor is freed only once its replacement exists
     placed = set()
     for r in rows:
@@ -280,8 +335,10 @@ def call_form(tr: Any, snap: Snapshot, args: tuple, kwargs: dict, out: Any) -> t
             raise NotReplayable(f"changes a known value in place ({path})")
         state_meta.append(tensor_meta(path, t))
     del tensors
+    launched = tuple(sorted((key, n - snap.launches.get(key, 0)) for key, n in _launches(tr).items()
+                            if n != snap.launches.get(key, 0)))
     return (tuple(tuple(r) for r in rows), signature(args, kwargs), tuple(state_meta), numbers_of(numbers), recipe,
-            tr.sdpa_calls - snap.sdpa)
+            tr.sdpa_calls - snap.sdpa, launched)
 
 
 def extent(shape: tuple, stride: tuple) -> int:

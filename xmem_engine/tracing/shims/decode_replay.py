@@ -23,7 +23,9 @@ output built as the step built it. The next call after 4, 8, 16 and 32 made ones
 every 32, runs for real and must equal the family's; one that does not ends the family (a note
 says where: the steps made since the last check may differ from a real run's), and a new
 family can be fitted on the steps that follow. Steps near a count the cache holds (a sliding
-window) run for real.
+window) run for real. A model that keeps its keys and values in buffers of its own and passes
+them as lists of views (Unsloth's fast decoding) gets its views made again on those buffers;
+the steps near the buffers' end, where the model grows them, run for real.
 
 A call runs for real when its inputs are not the family's (another shape, another cache), in
 real mode, while a compiler traces it (``generate``'s own compile of a static cache's step
@@ -46,7 +48,8 @@ import torch
 from xmem_engine.affine import NotAffine, OutOfRange, evaluate, fit, varies
 from xmem_engine.trace import ALLOC, FREE, TraceEvent
 from xmem_engine.tracing.shims.decode_forms import (VALUE, NotReplayable, call_form, extent, get, numbers_of, put,
-                                                    signature, snapshot, state, storage_key, tensor_meta)
+                                                    recipe_leaves, signature, snapshot, state, storage_key,
+                                                    tensor_meta)
 
 ENV = "XMEM_REPLAY_DECODE"
 #: consecutive real calls a family is fitted on: with one line, the first two fit it and the
@@ -74,6 +77,38 @@ def _near_a_limit(state_before: tuple, state_after: tuple, numbers_before: tuple
     for a, b in zip(state_before, state_after):
         growing += [y for x, y in zip(a[1], b[1]) if x != y]
     return any(abs(g - c) <= 2 for g in growing for c in limits)
+
+
+def _build(how: tuple, new: dict, args: tuple, kwargs: dict) -> Any:
+    """An item of a made step's output from its recipe (``decode_forms._output_recipe``).
+    (A function of the module, not a closure: a closure calling itself is a reference cycle,
+    and would keep the call's arguments alive until the garbage collector frees them, in a
+    later step.)"""
+    kind = how[0]
+    if kind == "new":
+        return new.pop(("out", how[1]))
+    if kind == "arg":
+        return kwargs[how[1]] if isinstance(how[1], str) else args[how[1]]
+    if kind == "held":
+        return get(args, kwargs, how[1])
+    if kind == "view":  # a view of a buffer the model keeps, reached through an argument
+        _, path, shape, stride, offset = how
+        return get(args, kwargs, path).as_strided(shape, stride, offset)
+    if kind == "seq":
+        return how[1](_build(h, new, args, kwargs) for h in how[2])
+    return how[1]
+
+
+def _views_fit(recipe: tuple, args: tuple, kwargs: dict) -> bool:
+    """Whether the views of buffers the model keeps that a step returns (Unsloth's keys and
+    values) fit in those buffers as they are, for the recipe of a step two calls on: a step that
+    outgrows its buffer grows it first (Unsloth's ``resize_`` a step before it is full), which its
+    form does not hold, so the steps near that run for real."""
+    for _, path, shape, stride, offset in recipe_leaves(recipe, "view"):
+        t = get(args, kwargs, path)
+        if (offset + extent(shape, stride)) * t.element_size() > t.untyped_storage().nbytes():
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------- the wrapper
@@ -218,7 +253,7 @@ class DecodeReplay:
 
     def _try_make(self, fam: _Family, n: int, args: tuple, kwargs: dict) -> Any:
         try:
-            inputs, numbers_after, recipe, sdpa = (fam.part(n, i) for i in (1, 3, 4, 5))
+            inputs, numbers_after, recipe, sdpa, launched = (fam.part(n, i) for i in (1, 3, 4, 5, 6))
             state_before, numbers_before = (fam.part(n - 1, i) for i in (2, 3))
             if signature(args, kwargs) != inputs:
                 return NotImplemented
@@ -229,18 +264,20 @@ class DecodeReplay:
             numbers_of(numbers) == numbers_before
         del tensors
         try:
-            if not same or _near_a_limit(state_before, fam.part(n, 2), numbers_before, numbers_after):
+            if not same or _near_a_limit(state_before, fam.part(n, 2), numbers_before, numbers_after) \
+                    or not _views_fit(fam.part(n + 2, 4), args, kwargs):
                 return NotImplemented
             rows = fam.rows(n)
         except OutOfRange:
             return NotImplemented
-        out = self._make(rows, recipe, numbers_after, sdpa, args, kwargs)
+        out = self._make(rows, recipe, numbers_after, sdpa, launched, args, kwargs)
         self.made += 1
         fam.made += 1
         return out
 
     # ------------------------------------------------------------------ making a step
-    def _make(self, rows: list, recipe: tuple, numbers: tuple, sdpa: int, args: tuple, kwargs: dict) -> Any:
+    def _make(self, rows: list, recipe: tuple, numbers: tuple, sdpa: int, launched: tuple, args: tuple,
+              kwargs: dict) -> Any:
         """The step's requests, in order, to the tracer; the tensors it keeps made and put in
         place; its output built (module docstring)."""
         from xmem_engine.tracing.kernels.cuda_temporaries import BySM
@@ -248,7 +285,7 @@ class DecodeReplay:
         tr = self.tr
         allocs: dict[int, TraceEvent] = {}
         new: dict[tuple, torch.Tensor] = {}
-        made_by_key = {how[1]: how for _, how in recipe[1] if how[0] == "new"}
+        made_by_key = {how[1]: how for how in recipe_leaves(recipe, "new")}
         for i, row in enumerate(rows):
             kind = row[0]
             if kind == "A":
@@ -290,17 +327,10 @@ class DecodeReplay:
             else:
                 put(args, kwargs, path, value)
         tr.sdpa_calls += sdpa
+        for key, count in launched:  # the step's Triton launches, counted as if run
+            tr.triton.add(key, count)
         cls, how_items = recipe
-        items = {}
-        for key, how in how_items:
-            if how[0] == "new":
-                items[key] = new.pop(("out", key))
-            elif how[0] == "arg":
-                items[key] = kwargs[how[1]] if isinstance(how[1], str) else args[how[1]]
-            elif how[0] == "held":
-                items[key] = get(args, kwargs, how[1])
-            else:
-                items[key] = how[1]
+        items = {key: _build(how, new, args, kwargs) for key, how in how_items}
         if cls is torch.Tensor:
             return items[0]
         if cls is tuple:

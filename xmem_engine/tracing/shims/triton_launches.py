@@ -145,6 +145,18 @@ class Launches:
             guesses.producers.pop(key, None)
             guesses.stale.pop(key, None)
 
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Launches so far by kernel (name, source): what a made decode step adds to
+        (``decode_forms``)."""
+        return {key: k.count for key, k in self.kernels.items()}
+
+    def add(self, key: tuple[str, str], count: int) -> None:
+        """``count`` launches of the kernel ``key`` that were not run (a made decode step's)."""
+        rec = self.kernels.get(key)
+        if rec is None:
+            rec = self.kernels[key] = KernelLaunches(*key)
+        rec.count += count
+
     def note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
@@ -548,10 +560,11 @@ class _Patcher:
 @contextlib.contextmanager
 def triton_launches(tracer: Any) -> Iterator[Launches]:
     """For the trace's duration: Triton launches on the trace's tensors are counted and their
-    arguments treated as written, with no driver; the notes name each kernel."""
+    arguments treated as written, with no driver; the notes name each kernel. The counts are the
+    tracer's ``triton`` meanwhile (a made decode step adds its launches: ``decode_replay``)."""
     from xmem_engine.tracing.patches import on_import
 
-    launches = Launches(tracer)
+    launches = tracer.triton = Launches(tracer)
     patcher = _Patcher(launches)
     allocation = sys.modules.get("triton.runtime._allocation")
     allocator = allocation._allocator.get() if allocation is not None else None
@@ -560,6 +573,7 @@ def triton_launches(tracer: Any) -> Iterator[Launches]:
             yield launches
     finally:
         patcher.unpatch()
+        del tracer.triton
         _restore_allocator(allocator)
         tracer.notes.extend(launches.all_notes())
 
