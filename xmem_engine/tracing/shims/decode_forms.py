@@ -67,25 +67,28 @@ def _is_state(x: Any) -> bool:
     return hasattr(x, "__dict__") and not isinstance(x, (torch.Tensor, torch.nn.Module, type))
 
 
+def _input(x: Any, top: bool = True) -> Any:
+    """One input as :func:`signature` compares it. Lists and tuples may hold tensors (a cache
+    passed as lists of views: Unsloth's) and plain values, not state objects: a step may change
+    those, and only the call's own arguments are read as state."""
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape), tuple(x.stride()), str(x.dtype), str(x.device))
+    if x is None or type(x) in (int, float, bool, str):
+        return x
+    if top and _is_state(x):
+        return ("O", type(x).__qualname__)
+    if type(x) in (list, tuple):
+        return (type(x).__name__, tuple(_input(y, False) for y in x))
+    raise NotReplayable(f"an argument of type {type(x).__name__}" + ("" if top else " in a list"))
+
+
 def signature(args: tuple, kwargs: dict) -> tuple:
     """The call's inputs as a family compares them: tensors by shape, strides, dtype and
-    device; state objects by type; plain values as they are; and whether autograd records
-    and autocast casts (a made step records no graph)."""
-
-    def one(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            return ("T", tuple(x.shape), tuple(x.stride()), str(x.dtype), str(x.device))
-        if x is None or type(x) in (int, float, bool, str):
-            return x
-        if _is_state(x):
-            return ("O", type(x).__qualname__)
-        if type(x) in (list, tuple):  # a cache passed as lists of tensors (Unsloth's), or plain values
-            return (type(x).__name__, tuple(one(y) for y in x))
-        raise NotReplayable(f"an argument of type {type(x).__name__}")
-
+    device; state objects by type; plain values as they are; lists of these item by item; and
+    whether autograd records and autocast casts (a made step records no graph)."""
     modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cuda"),
              str(torch.get_autocast_dtype("cuda")))
-    return tuple(one(a) for a in args), tuple((k, one(kwargs[k])) for k in sorted(kwargs)), modes
+    return tuple(_input(a) for a in args), tuple((k, _input(kwargs[k])) for k in sorted(kwargs)), modes
 
 
 def _roots(args: tuple, kwargs: dict) -> list[tuple[Any, Any]]:
