@@ -82,6 +82,27 @@ def installed() -> Iterator[None]:
             del _VARIABLE_INPUTS[key]
 
 
+@contextlib.contextmanager
+def while_dynamo_traces() -> Iterator[None]:
+    """``torch.autograd.grad`` is :func:`grad` while Dynamo or AOTAutograd trace, and the C++
+    engine otherwise, for the block. ``torch.func.grad`` inside a compiled function (TRL's and
+    Unsloth's chunked GRPO losses) puts ``autograd.grad`` in the graph, and Dynamo runs it on its
+    fake ``cuda`` tensors as it traces: the C++ engine refuses them without a driver (above).
+    The compiled code's own calls at run time are on xmem's traced tensors, for the C++ engine."""
+    from torch._guards import TracingContext
+
+    cpp = torch.autograd.grad
+
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        return (grad if TracingContext.try_get() is not None else cpp)(*args, **kwargs)
+
+    torch.autograd.grad = dispatch  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.autograd.grad = cpp  # type: ignore[assignment]
+
+
 _MARK = getattr(fx_traceback, "_mark_autograd_backward", lambda: None)  # torch 2.11+
 _RESET = getattr(fx_traceback, "_reset_autograd_backward", lambda: None)
 

@@ -369,9 +369,11 @@ class CompiledCalls:
     def functions_for_dynamo(self) -> Iterator[None]:
         """The functions the device mode rewrites, as Dynamo should see them: attention as the
         target GPU's fused kernel (``sdpa.compiled_attention``), dropout as PyTorch's own
-        (Inductor makes its mask from seeds, as on a GPU)."""
+        (Inductor makes its mask from seeds, as on a GPU); and ``autograd.grad`` on Dynamo's
+        fakes run in Python (``python_autograd.while_dynamo_traces``)."""
         import torch.nn.functional as F
 
+        from xmem_engine.tracing.compiler import python_autograd
         from xmem_engine.tracing.kernels.sdpa import compiled_attention
 
         self.register_fakes()  # fake parameter classes made since the last call, as Dynamo sees the real ones
@@ -381,6 +383,7 @@ class CompiledCalls:
         with contextlib.ExitStack() as stack:
             stack.enter_context(patched_attr(F, "scaled_dot_product_attention", self.attention))
             stack.enter_context(patched_attr(F, "dropout", getattr(F.dropout, "__wrapped__", F.dropout)))
+            stack.enter_context(python_autograd.while_dynamo_traces())
             yield
 
     def on_gpu(self, model: Any, args: tuple, kwargs: dict) -> bool:
