@@ -96,4 +96,4 @@ test-unsloth: unsloth-setup
 	PYTHONPATH="$$PWD" .venv-unsloth/bin/python -m pytest -q -p no:cacheprovider tests/unsloth_notebook
 
 zoo-unsloth: unsloth-setup
-	PYTHONPATH="$$PWD" .venv-unsloth/bin/python benchmarks/zoo.py --dir benchmarks/zoo/finetune --only unsloth_qlora unsloth_conversational --markdown
+	PYTHONPATH="$$PWD" .venv-unsloth/bin/python benchmarks/zoo.py --dir benchmarks/zoo/finetune --only unsloth_qlora unsloth_conversational unsloth_grpo --markdown
