@@ -390,3 +390,13 @@ out.sum().backward()
     assert t4.backend_caveat and est.backend_caveat is None and same_arch.backend_caveat is None
     plain = estimate("import torch\nx = torch.ones(4, device='cuda')\n", "A100-40GB", namespace={})
     assert not any("scaled_dot_product_attention" in n for n in estimate_trace(plain.trace, "T4").notes)
+
+
+def test_attention_keeps_its_name_and_docstring_while_traced():
+    """Libraries read them: Unsloth looks for ``enable_gqa`` in the docstring to know whether it
+    may use grouped-query attention, and stopped (``None`` is not iterable) on the tracer's."""
+    ns: dict = {}
+    trace("import torch.nn.functional as F\nf = F.scaled_dot_product_attention\ndoc, name = f.__doc__, f.__name__\n"
+          "d = F.dropout.__doc__\n", ns, mode="fake")
+    assert ns["doc"] == F.scaled_dot_product_attention.__doc__ and "enable_gqa" in ns["doc"]
+    assert ns["name"] == "scaled_dot_product_attention" and ns["d"] == F.dropout.__doc__

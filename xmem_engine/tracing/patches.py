@@ -7,6 +7,7 @@ of a trace only, and undone exactly: an attribute the class inherited stays inhe
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 from typing import Any, Callable, Iterable, Iterator
@@ -270,14 +271,16 @@ def outside_mode(orig: Callable[..., Any], handler: Callable[[Any, tuple, dict],
     mode's own handler (``nn.MultiheadAttention`` reaching attention from a handled function).
     With the mode on, ``orig``, which the mode sends to ``handler``; with it off, ``handler``
     directly. Either way the handler runs with the mode off, and forward and a checkpoint's
-    recomputation allocate alike (checkpointing checks that they do)."""
+    recomputation allocate alike (checkpointing checks that they do). It keeps ``orig``'s name
+    and docstring: libraries read them (Unsloth looks for ``enable_gqa`` in attention's
+    docstring to know whether it may use grouped-query attention)."""
 
+    @functools.wraps(orig, updated=())
     def call(*args: Any, **kwargs: Any) -> Any:
         if mode.on_stack():
             return orig(*args, **kwargs)
         return handler(orig, args, kwargs)
 
-    call.__wrapped__ = orig  # type: ignore[attr-defined]
     return call
 
 

@@ -14,13 +14,23 @@ it skips allocates little on a GPU: a few vocabulary-length vectors (``amax``/``
 the masks), the rows it selects, and, only where it finds untrained tokens the data uses, their
 mean; it runs once, before the first step, far below the step's peak. A checkpoint whose tokens
 are all trained (a random-initialised one, any instruct model) is unchanged by it on a GPU too.
+
+Unsloth also tests tensors by exact type, ``type(x) is torch.Tensor``: the hook that makes the
+embedding's output require gradients for gradient checkpointing (FastModel's, for Gemma 3 and
+others) raises for anything else ("Neither loss, logits, nor last_hidden_state are available"),
+and its collators and MoE helpers take other paths. A fake tensor stands for a plain GPU tensor,
+so in those modules ``type`` answers ``torch.Tensor`` for one (a name of the module's own, which
+its functions find before the builtin); everything else is the builtin's answer.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
 from typing import Any, Callable, Iterator
+
+import torch
 
 from xmem_engine.tracing.patches import on_import, patched_attr
 
@@ -32,6 +42,22 @@ NOTE = ("Unsloth's fix_untrained_tokens (unsloth_zoo) was skipped: it reads the 
         "values to find untrained token rows, which fake tensors do not have; a checkpoint whose tokens are "
         "all trained is unchanged by it, and what it allocates (a few vocabulary-length vectors, once, "
         "before training) is far below the step's peak")
+
+
+#: Unsloth's modules that test ``type(x) is torch.Tensor``
+EXACT_TYPE_MODULES = ("unsloth_zoo.peft_utils", "unsloth_zoo.dataset_utils", "unsloth_zoo.flex_attention.utils",
+                      "unsloth_zoo.temporary_patches.gpt_oss", "unsloth_zoo.temporary_patches.moe_fused_swiglu",
+                      "unsloth.models.vision")
+
+
+def _type_as_on_gpu(obj: Any, *rest: Any) -> Any:
+    """``type``, answering ``torch.Tensor`` for a fake tensor (what it stands for)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if rest:  # type(name, bases, namespace)
+        return builtins.type(obj, *rest)
+    cls = builtins.type(obj)
+    return torch.Tensor if cls is FakeTensor else cls
 
 
 def _skipped_when_fake(original: Callable[..., Any], tracer: Any) -> Callable[..., Any]:
@@ -61,7 +87,8 @@ def _is_fake(t: Any, tracer: Any) -> bool:
 @contextlib.contextmanager
 def unsloth_checks(tracer: Any, stack: contextlib.ExitStack) -> Iterator[None]:
     """While the trace lasts, in fake mode: Unsloth's untrained-token check skipped on fake weights,
-    in the modules that hold it by name, as they are imported (nothing is imported here)."""
+    in the modules that hold it by name, and its exact-type tests answered for fake tensors, as the
+    modules are imported (nothing is imported here)."""
 
     def patch(module: Any) -> None:
         original = getattr(module, NAME, None)
@@ -72,5 +99,9 @@ def unsloth_checks(tracer: Any, stack: contextlib.ExitStack) -> Iterator[None]:
         else:
             stack.enter_context(patched_attr(module, NAME, _skipped_when_fake(original, tracer)))
 
-    with on_import(MODULES, patch):
+    def exact_types(module: Any) -> None:
+        if tracer.fake and "type" not in vars(module):
+            stack.enter_context(patched_attr(module, "type", _type_as_on_gpu))
+
+    with on_import(MODULES, patch), on_import(EXACT_TYPE_MODULES, exact_types):
         yield
