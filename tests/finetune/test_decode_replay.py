@@ -69,6 +69,18 @@ def test_made_steps_are_the_real_steps(monkeypatch, kw):
     assert not any("did not match" in n for n in made.meta["notes"])
 
 
+def test_steps_under_inference_mode_are_made_too(monkeypatch):
+    """``torch.inference_mode()`` around generate() (notebooks' habit, and Unsloth's): its
+    tensors keep no version counter, which the form read to see a known value changed in place,
+    so no step had been made ("Inference tensors do not track version counter")."""
+    source = LLAMA.replace("NEW", "40").replace("KW", "do_sample=False").replace("torch.no_grad()",
+                                                                                   "torch.inference_mode()")
+    assert "inference_mode" in source
+    made, real = _both(monkeypatch, source)
+    _assert_same(made, real)
+    assert _made(made) >= 10 and _made(real) == 0
+
+
 def test_a_sliding_window_filling_up_runs_for_real_around_it(monkeypatch):
     """A sliding-window layer keeps a slice of its keys once the window is full: a change of
     course at a count the cache holds (its window), so the steps near it run for real."""

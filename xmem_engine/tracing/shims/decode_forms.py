@@ -140,6 +140,13 @@ def put(args: tuple, kwargs: dict, path: Path, value: Any) -> None:
         setattr(obj, last, value)
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """A tensor's version counter; None for an inference tensor, which keeps none (a step run
+    under ``torch.inference_mode``, as Unsloth's generate() runs: its in-place changes cannot be
+    seen, so a known value it holds is taken as changed)."""
+    return None if t.is_inference() else t._version
+
+
 def storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -167,7 +174,7 @@ def snapshot(tr: Any, args: tuple, kwargs: dict) -> Snapshot:
         rec = tr.live.get(storage_key(t))
         if rec is not None and rec.event is not None:
             ids[rec.event.id] = path
-        versions[path] = (storage_key(t), t._version, tr.shadows is not None and tr.shadows.real(t) is not None)
+        versions[path] = (storage_key(t), _version(t), tr.shadows is not None and tr.shadows.real(t) is not None)
     del tensors
     return Snapshot(ids, versions, len(tr.events), len(tr.gemm_into), len(tr.by_sm), len(tr.conv_calls), tr.sdpa_calls,
                     _launches(tr))
@@ -334,7 +341,8 @@ def call_form(tr: Any, snap: Snapshot, args: tuple, kwargs: dict, out: Any) -> t
     state_meta = []
     for path, t in tensors.items():
         key, version, shadowed = snap.versions.get(path, (None, None, False))
-        if key == storage_key(t) and t._version != version and shadowed and path + (VALUE,) not in numbers:
+        changed = version is None or _version(t) != version
+        if key == storage_key(t) and shadowed and path + (VALUE,) not in numbers and changed:
             raise NotReplayable(f"changes a known value in place ({path})")
         state_meta.append(tensor_meta(path, t))
     del tensors
