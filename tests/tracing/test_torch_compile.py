@@ -673,3 +673,21 @@ def test_a_backend_other_than_inductor_is_named_as_what_compiled():
     note = next(n for n in tr.meta["notes"] if n.startswith("torch.compile at"))
     assert "compiled for the target GPU by the 'aot_eager' backend" in note and "Inductor" not in note
     assert tr.meta["compile"]["graphs"] >= 1 and not tr.meta["compile"]["wrappers"]
+
+
+def test_a_compiled_in_place_update_forgets_what_was_known(capsys):
+    """Inductor's kernels do not run here, so what they write is unknown: a compiled
+    ``buf.add_(1)`` had left the zeros known of ``buf`` in place, and ``buf.sum()`` said 0 where a
+    GPU says 8. Now the values are guessed (ones at the leaves), as after a Triton launch."""
+    src = """
+import torch
+buf = torch.zeros(8, device="cuda")
+@torch.compile
+def bump(buf):
+    buf.add_(1)
+bump(buf)
+print("sum", buf.sum().item())
+"""
+    t = trace(src, {}, mode="fake", device=H100)
+    assert t.meta["compile"]["graphs"] == 1
+    assert capsys.readouterr().out.split() == ["sum", "8.0"]

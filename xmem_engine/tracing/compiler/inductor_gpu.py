@@ -10,6 +10,7 @@ enters :func:`inductor_for_virtual_gpu` for a trace that compiles. Research: ``d
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import types
 from typing import Any, Callable, Iterator
@@ -86,21 +87,48 @@ def inductor_properties(props: Any) -> types.SimpleNamespace:
 
 class NoopKernel:
     """What ``AsyncCompile.triton`` gives back: a launch that computes nothing. Its first launch
-    allocates what the GPU's autotuning of its configs would (``inductor_autotune.py``)."""
+    allocates what the GPU's autotuning of its configs would (``inductor_autotune.py``). Each
+    launch tells what it would have written (:attr:`on_written`): in fake mode the values known
+    of those tensors go, as they do for a Triton launch from Python (a compiled ``buf.add_(1)``
+    had left ``buf``'s known zeros in place, and a buffer Inductor allocates empty kept the
+    host's uninitialised bytes as its known values)."""
 
     flush: int  # the cache-flush buffer timing allocates for the target GPU (inductor_for_virtual_gpu)
+    on_written: Callable[[list], None] = staticmethod(lambda tensors: None)
 
     def __init__(self, name: str, source: str):
         self.name, self.source = name, source
         self.launches = 0
         self.autotune = autotune_of(name, source)
+        self.writes = _written_positions(name, source, self.autotune)
 
     def run(self, *args: Any, **kwargs: Any) -> None:
         if self.launches == 0 and self.autotune is not None and self.autotune.configs > 1:
             benchmark_allocations(self.autotune, args, self.flush)
         self.launches += 1
+        positions = range(len(args)) if self.writes is None else self.writes
+        written = [args[i] for i in positions if i < len(args) and isinstance(args[i], torch.Tensor)]
+        if written:
+            self.on_written(written)
 
     __call__ = run
+
+
+def _written_positions(name: str, source: str, autotune: Any) -> tuple[int, ...] | None:
+    """The positions of the arguments generated kernel ``name`` writes: those Inductor names
+    ``out_ptr<n>`` or ``in_out_ptr<n>`` (templates' outputs too), and the inputs it mutates in
+    place (``mutated_arg_names``). None, every tensor, where the signature cannot be read."""
+    if autotune is not None:
+        names, mutated = autotune.arg_names, autotune.mutated
+    else:
+        try:
+            fn = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+        except SyntaxError:
+            fn = None
+        if fn is None:
+            return None
+        names, mutated = tuple(a.arg for a in fn.args.args), frozenset()
+    return tuple(i for i, n in enumerate(names) if n.startswith(("out_ptr", "in_out_ptr")) or n in mutated)
 
 
 class _NullGuard:
@@ -177,10 +205,11 @@ def _constants_on_cpu(unset_fake: Callable[[], Any]) -> Callable[[], Any]:
 
 @contextlib.contextmanager
 def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType], None] = lambda mod: None,
-                             on_pad_timing: Callable[[list], None] = lambda steps: None) -> Iterator[None]:
+                             on_pad_timing: Callable[[list], None] = lambda steps: None,
+                             on_written: Callable[[list], None] = lambda tensors: None) -> Iterator[None]:
     """Dynamo's device interface, Triton's driver and Inductor's compile-time queries answered
-    for the target GPU; Triton kernels made into :class:`NoopKernel`; no caches, no worker
-    pool, no benchmarking. Everything is put back on exit."""
+    for the target GPU; Triton kernels made into :class:`NoopKernel` (``on_written``: the tensors
+    a launch writes); no caches, no worker pool, no benchmarking. Everything is put back on exit."""
     import sys
 
     import torch._dynamo.device_interface as di
@@ -281,6 +310,7 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
         stack.enter_context(icfg.patch("triton.cudagraphs", False))
         flush = flush_bytes(p.L2_cache_size)
         P(NoopKernel, "flush", flush)
+        P(NoopKernel, "on_written", staticmethod(on_written))
         P(AsyncCompile, "triton", lambda self, kernel_name, source_code, device_str="cuda": NoopKernel(kernel_name, source_code))
         P(AsyncCompile, "wait", lambda self, scope: None)
         P(PyCodeCache, "load_by_key_path", classmethod(load_by_key_path))

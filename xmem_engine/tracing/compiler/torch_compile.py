@@ -293,7 +293,7 @@ class CompiledCalls:
             _dynamo_skips_the_tracer()
             self.stack.enter_context(inductor_for_virtual_gpu(
                 self.t.vc.props, lambda mod: self.record.wrappers.append(getattr(mod, "__file__", "") or ""),
-                lambda steps: self.t.transients(PAD_MM_TIMING, steps)))
+                lambda steps: self.t.transients(PAD_MM_TIMING, steps), self._kernel_wrote))
             self.stack.enter_context(self.trees.installed())
             self.stack.enter_context(hooks_run_by_python(self.t))
             self.stack.enter_context(states_made_on_the_virtual_gpu(self.t, lambda: (self.t.fake_mode, self.dispatch)))
@@ -301,6 +301,13 @@ class CompiledCalls:
             self.stack.callback(self._forget)
             self.frames_from = len(_frame_compile_times())
             self.installed = True
+
+    def _kernel_wrote(self, tensors: list) -> None:
+        """A generated kernel's launch wrote ``tensors``: what was known of their values goes
+        (``triton_launches.Launches.written``, as for a Triton launch from Python)."""
+        launches = getattr(self.t, "triton", None)
+        if launches is not None:
+            launches.written(tensors)
 
     def _forget(self) -> None:
         """Compiled code is the trace's: the next trace (another GPU) compiles afresh. The
