@@ -77,3 +77,7 @@ def test_lists_in_the_inputs_hold_tensors_and_values_not_state():
     assert signature((Cache(),), {})[0] == (("O", "Cache"),)  # a state object is read as the call's argument
     with pytest.raises(NotReplayable, match="Cache in a list"):  # but not inside a list: the step may change it
         signature((), {"caches": [Cache()]})
+    masks = {"sliding_attention": torch.zeros(1, 1, 1, 6, dtype=torch.bool), "full_attention": None}
+    assert signature((), {"attention_mask": masks})[1][0] == (
+        "attention_mask", ("dict", (("full_attention", None),
+                                    ("sliding_attention", ("T", (1, 1, 1, 6), (6, 6, 6, 1), "torch.bool", "cpu")))))

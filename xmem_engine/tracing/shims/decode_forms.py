@@ -68,9 +68,10 @@ def _is_state(x: Any) -> bool:
 
 
 def _input(x: Any, top: bool = True) -> Any:
-    """One input as :func:`signature` compares it. Lists and tuples may hold tensors (a cache
-    passed as lists of views: Unsloth's) and plain values, not state objects: a step may change
-    those, and only the call's own arguments are read as state."""
+    """One input as :func:`signature` compares it. Lists, tuples and dicts may hold tensors (a
+    cache passed as lists of views: Unsloth's; attention masks by layer type) and plain values,
+    not state objects: a step may change those, and only the call's own arguments are read as
+    state."""
     if isinstance(x, torch.Tensor):
         return ("T", tuple(x.shape), tuple(x.stride()), str(x.dtype), str(x.device))
     if x is None or type(x) in (int, float, bool, str):
@@ -79,6 +80,8 @@ def _input(x: Any, top: bool = True) -> Any:
         return ("O", type(x).__qualname__)
     if type(x) in (list, tuple):
         return (type(x).__name__, tuple(_input(y, False) for y in x))
+    if type(x) is dict and all(type(k) is str for k in x):  # masks by layer type (transformers 5's)
+        return ("dict", tuple((k, _input(x[k], False)) for k in sorted(x)))
     raise NotReplayable(f"an argument of type {type(x).__name__}" + ("" if top else " in a list"))
 
 
