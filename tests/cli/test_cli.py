@@ -209,8 +209,11 @@ def test_ctrl_c_from_the_terminal_gives_one_json_object(tmp_path):
     script = tmp_path / "slow.py"
     script.write_text("import time, torch\nx = torch.ones(10, device='cuda')\nprint('started', flush=True)\n"
                       "time.sleep(60)\n")
+    # a terminal's Ctrl-C reaches a process that takes SIGINT: a test run started in the
+    # background by a shell without job control (``cmd &``) hands its children SIGINT ignored
     proc = subprocess.Popen([sys.executable, "-m", "xmem_engine", "estimate", str(script), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     line = ""
     while "started" not in line and time.monotonic() < deadline:
