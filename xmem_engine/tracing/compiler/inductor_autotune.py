@@ -49,14 +49,21 @@ class Autotune:
     optimize_mem: bool
 
 
+def kernel_def(name: str, source: str) -> ast.FunctionDef | None:
+    """The definition of kernel ``name`` in generated ``source``; None where there is none."""
+    try:
+        return next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    except SyntaxError:
+        return None
+
+
 def autotune_of(name: str, source: str) -> Autotune | None:
     """The configs and written arguments of kernel ``name`` in Inductor's generated ``source``;
     None when the source is not one Inductor's heuristics made (a user's kernel, a template)."""
     from torch._inductor.runtime import hints, triton_heuristics
 
-    try:
-        fn = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name)
-    except (StopIteration, SyntaxError):
+    fn = kernel_def(name, source)
+    if fn is None:
         return None
     deco = next((d for d in fn.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)
                  and isinstance(d.func.value, ast.Name) and d.func.value.id == "triton_heuristics"), None)

@@ -10,7 +10,6 @@ enters :func:`inductor_for_virtual_gpu` for a trace that compiles. Research: ``d
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import types
 from typing import Any, Callable, Iterator
@@ -18,7 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from xmem_engine.tracing.compiler.inductor_autotune import (autotune_of, benchmark_allocations, flush_bytes,
-                                                            pad_mm_should_pad)
+                                                            kernel_def, pad_mm_should_pad)
 from xmem_engine.tracing.patches import patched_attr, patched_item
 
 
@@ -121,10 +120,7 @@ def _written_positions(name: str, source: str, autotune: Any) -> tuple[int, ...]
     if autotune is not None:
         names, mutated = autotune.arg_names, autotune.mutated
     else:
-        try:
-            fn = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-        except SyntaxError:
-            fn = None
+        fn = kernel_def(name, source)
         if fn is None:
             return None
         names, mutated = tuple(a.arg for a in fn.args.args), frozenset()
