@@ -28,6 +28,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import sys
 from typing import Any, Callable, Iterator
 
 import torch
@@ -50,14 +51,36 @@ EXACT_TYPE_MODULES = ("unsloth_zoo.peft_utils", "unsloth_zoo.dataset_utils", "un
                       "unsloth.models.vision")
 
 
-def _type_as_on_gpu(obj: Any, *rest: Any) -> Any:
-    """``type``, answering ``torch.Tensor`` for a fake tensor (what it stands for)."""
-    from torch._subclasses.fake_tensor import FakeTensor
+class _AnswersAsOnGpu(builtins.type):
+    """The stand-in's metaclass: only the stand-in itself answers differently from ``type``."""
 
-    if rest:  # type(name, bases, namespace)
-        return builtins.type(obj, *rest)
-    cls = builtins.type(obj)
-    return torch.Tensor if cls is FakeTensor else cls
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is not _type_as_on_gpu:  # a metaclass a module derives from the stand-in
+            return super().__call__(*args, **kwargs)
+        if len(args) == 3 and "__module__" not in args[2]:  # type(name, bases, namespace)
+            args = (*args[:2], {**args[2], "__module__": sys._getframe(1).f_globals.get("__name__")})
+        if len(args) != 1 or kwargs:
+            return builtins.type(*args, **kwargs)
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        found = builtins.type(args[0])
+        return torch.Tensor if found is FakeTensor else found
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if cls is _type_as_on_gpu:
+            return isinstance(obj, builtins.type)
+        return super().__instancecheck__(obj)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        if cls is _type_as_on_gpu:
+            return issubclass(sub, builtins.type)
+        return super().__subclasscheck__(sub)
+
+
+class _type_as_on_gpu(builtins.type, metaclass=_AnswersAsOnGpu):
+    """``type``, answering ``torch.Tensor`` for a fake tensor (what it stands for). A class, not a
+    function: the same modules also ask ``isinstance(cls, type)`` (``train_on_responses_only``
+    does), and that must stay the builtin's answer."""
 
 
 def _skipped_when_fake(original: Callable[..., Any], tracer: Any) -> Callable[..., Any]:
