@@ -134,6 +134,8 @@ def view_meta(t, base):
     (aten.select.int, (1, -3)),
     (aten.slice.Tensor, (0, 1, None, 2)),
     (aten.alias.default, ()),
+    (aten.as_strided.default, ([5, 10], [20, 2], 3)),  # reinterpret_tensor in Inductor's wrappers
+    (aten.view.dtype, (torch.int16,)),  # alloc_from_pool's view of a byte pool
 ])
 def test_views_alias_their_input_like_fake_tensor_mode_does(op, args):
     with FakeTensorMode():
@@ -282,3 +284,40 @@ def test_contiguous_strides_match_torch(shape):
 
     assert _contiguous(shape) == tuple(torch._prims_common.make_contiguous_strides_for(shape))
     assert _contiguous(shape) == torch.empty(shape).stride()
+
+
+def test_matmul_into_a_planned_buffer_returns_the_buffer_as_fake_tensor_mode_does():
+    with FakeTensorMode():
+        a, b, out = torch.empty(4, 5), torch.empty(5, 3), torch.empty(4, 3)
+        assert aten.mm.out(a, b, out=out) is out
+        assert FAST_FAKE[aten.mm.out](a, b, out=out) is out
+        a3, b3, out3 = torch.empty(2, 4, 5), torch.empty(2, 5, 3), torch.empty(2, 4, 3)
+        assert aten.bmm.out(a3, b3, out=out3) is out3
+        assert FAST_FAKE[aten.bmm.out](a3, b3, out=out3) is out3
+        # a buffer of another size (the meta kernel resizes it), dtype or mismatched operands
+        for args, out_ in (((a, b), torch.empty(4, 4)), ((a, b), torch.empty(4, 3, dtype=torch.float16)),
+                           ((a, torch.empty(4, 3)), torch.empty(4, 3)), ((a3, b), out)):
+            assert FAST_FAKE[aten.mm.out if args[0].dim() == 2 and args[1].dim() == 2 else aten.bmm.out](
+                *args, out=out_) is NotImplemented
+
+
+@pytest.mark.parametrize("op, args, kwargs", [
+    (aten.empty_strided.default, ([3, 4], [1, 3]), {"dtype": torch.bfloat16, "device": "cuda"}),
+    (aten.empty_strided.default, ([2, 0, 5], [5, 5, 1]), {}),
+    (aten.empty.memory_format, ([3, 4, 5],), {"dtype": torch.uint8, "device": torch.device("cuda", 0)}),
+    (aten.empty.memory_format, ([7],), {"memory_format": torch.contiguous_format}),
+])
+def test_factories_make_what_fake_tensor_mode_makes(op, args, kwargs):
+    with FakeTensorMode():
+        reference = op(*args, **kwargs)
+        fast = FAST_FAKE[op](*args, **kwargs)
+    assert fast is not NotImplemented and meta(fast) == meta(reference)
+    assert fast.fake_device == reference.fake_device and type(fast) is type(reference)
+    assert fast.requires_grad == reference.requires_grad
+
+
+def test_factories_leave_other_layouts_and_formats_to_fake_tensor_mode():
+    with FakeTensorMode():
+        assert FAST_FAKE[aten.empty.memory_format]([2, 3, 4, 5], memory_format=torch.channels_last) is NotImplemented
+        assert FAST_FAKE[aten.empty_strided.default]([2], [1], pin_memory=True) is NotImplemented
+        assert FAST_FAKE[aten.empty.memory_format]([2], layout=torch.sparse_coo) is NotImplemented

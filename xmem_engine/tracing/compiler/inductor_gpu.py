@@ -161,7 +161,10 @@ def alloc_from_pool(pool: torch.Tensor, offset_bytes: int, dtype: torch.dtype, s
     from ``offset_bytes``. The C++ op builds a raw TensorImpl over the storage, which for a fake
     pool is a meta tensor that the next op refuses ("found two devices, cpu and meta"); views
     allocate nothing, and keep the pool alive as long as the buffer, as on the GPU."""
-    if pool.dtype != dtype:  # a byte pool (or another dtype's): the whole storage, seen as ``dtype``
+    if pool.dtype != dtype and pool.dtype == torch.uint8 and pool.dim() == 1 and pool.storage_offset() == 0 \
+            and pool.numel() % dtype.itemsize == 0 and pool.numel() == pool.untyped_storage().nbytes():
+        pool = pool.view(dtype)  # the usual byte pool, seen as ``dtype`` in one view
+    elif pool.dtype != dtype:  # another dtype's pool, or a part of a storage: the whole storage, seen as ``dtype``
         whole = pool.as_strided((pool.untyped_storage().nbytes() // pool.element_size(),), (1,), 0)
         raw = whole.view(torch.uint8)
         pool = raw[:raw.numel() // dtype.itemsize * dtype.itemsize].view(dtype)

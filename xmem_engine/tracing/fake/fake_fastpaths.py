@@ -278,8 +278,8 @@ def _viewer(func: Any) -> Callable[..., Any]:
         if not _plain(x) or kwargs:
             return NotImplemented
         for a in args:
-            if a is not None and type(a) is not int and not (isinstance(a, (list, tuple))
-                                               and all(type(i) is int for i in a)):
+            if a is not None and type(a) is not int and not isinstance(a, torch.dtype) and not (
+                    isinstance(a, (list, tuple)) and all(type(i) is int for i in a)):
                 return NotImplemented
         mode = x.fake_mode
         return FakeTensor(mode, _on_meta(mode, func, x, *args), x.fake_device)
@@ -317,6 +317,56 @@ def _computer(func: Any) -> Callable[..., Any]:
         return FakeTensor(mode, out, device)
 
     return compute
+
+
+def _matmul_out(dims: int) -> Callable[..., Any]:
+    """``mm.out``/``bmm.out`` (Inductor's wrappers call them into buffers they planned):
+    ``out`` itself when it already has the product's size and the operands' dtype, as the
+    meta kernel returns it then (no resize); anything else takes FakeTensorMode's path."""
+
+    def into(a: Any, b: Any, *, out: Any) -> Any:
+        if not (_plain(a) and _plain(b) and _plain(out)) or a.dim() != dims or b.dim() != dims:
+            return NotImplemented
+        if not (a.dtype == b.dtype == out.dtype) or not (a.fake_device == b.fake_device == out.fake_device):
+            return NotImplemented
+        sa, sb = a.shape, b.shape
+        if any(type(n) is not int for n in (*sa, *sb, *out.shape)) or sa[-1] != sb[-2] or sa[:-2] != sb[:-2]:
+            return NotImplemented
+        if tuple(out.shape) != (*sa[:-1], sb[-1]):
+            return NotImplemented
+        return out
+
+    return into
+
+
+def _fast_empty_strided(size: Any, stride: Any, *, dtype: Any = None, layout: Any = None, device: Any = None,
+                        pin_memory: Any = None) -> Any:
+    """``torch.empty_strided`` (every buffer of Inductor's wrappers) as FakeTensorMode makes it."""
+    if layout not in (None, torch.strided) or pin_memory or not _ints(size) or not _ints(stride):
+        return NotImplemented
+    return _factory(size, stride, dtype, device)
+
+
+def _fast_empty(size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None,
+                memory_format: Any = None) -> Any:
+    """``torch.empty`` in the contiguous format, as FakeTensorMode makes it."""
+    if layout not in (None, torch.strided) or pin_memory or memory_format not in (None, torch.contiguous_format) \
+            or not _ints(size):
+        return NotImplemented
+    return _factory(size, _contiguous(size), dtype, device)
+
+
+def _ints(xs: Any) -> bool:
+    return isinstance(xs, (list, tuple)) and all(type(i) is int for i in xs)
+
+
+def _factory(size: Any, stride: Any, dtype: Any, device: Any) -> Any:
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if mode is None:
+        return NotImplemented
+    with torch._C._DisableTorchDispatch():
+        meta = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype(), device="meta")
+    return FakeTensor(mode, meta, torch.device(device) if device is not None else _CPU)
 
 
 def _same_sizes(a: Any, b: Any) -> bool:
@@ -407,7 +457,7 @@ _COMPARISONS = ("ne.Scalar", "eq.Scalar", "gt.Scalar", "lt.Scalar", "ge.Scalar",
 
 _VIEWS = ("view.default", "_unsafe_view.default", "t.default", "transpose.int", "detach.default",
           "expand.default", "permute.default", "unsqueeze.default", "squeeze.dim", "select.int",
-          "slice.Tensor", "alias.default")
+          "slice.Tensor", "alias.default", "as_strided.default", "view.dtype")
 
 
 FAST_FAKE: dict[Any, Callable[..., Any]] = {
@@ -425,6 +475,10 @@ FAST_FAKE: dict[Any, Callable[..., Any]] = {
     torch.ops.aten.native_batch_norm_backward.default: _fast_batch_norm_backward,
     torch.ops.aten.native_dropout.default: _fast_dropout,
     torch.ops.aten.native_dropout_backward.default: _fast_dropout_backward,
+    torch.ops.aten.mm.out: _matmul_out(2),
+    torch.ops.aten.bmm.out: _matmul_out(3),
+    torch.ops.aten.empty_strided.default: _fast_empty_strided,
+    torch.ops.aten.empty.memory_format: _fast_empty,
 }
 FAST_FAKE.update({op: _fast_foreach_inplace for op in map(aten_op, _FOREACH_INPLACE) if op is not None})
 FAST_FAKE.update({op: _fast_foreach_unary for op in map(aten_op, _FOREACH_UNARY) if op is not None})
