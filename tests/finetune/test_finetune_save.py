@@ -254,3 +254,31 @@ def test_each_trace_starts_with_a_new_processs_accelerate_state():
             assert PartialState._shared_state == users and AcceleratorState._shared_state == {}
     finally:
         PartialState._shared_state.clear()
+
+
+READ_TO_HOST = """
+import torch
+from safetensors.torch import load_file, save_file
+# a model's worth of 8 MiB weights (each below the tracer's 16 MiB for real host tensors)
+save_file({f"w{i:02d}": torch.zeros(2048, 1024, device="cuda") for i in range(12)}, PATH)
+back = load_file(PATH, device="cpu")
+torch.save({f"w{i:02d}": torch.zeros(2048, 1024, device="cuda") for i in range(12)}, PT)
+state = torch.load(PT, map_location="cpu")
+kinds = ([type(back[k]).__name__ for k in sorted(back)], [type(state[k]).__name__ for k in sorted(state)])
+zeros = bool(back["w00"].eq(0).all()), bool(state["w00"].eq(0).all())
+devices = {str(t.device) for t in (*back.values(), *state.values())}
+"""
+
+
+def test_weights_read_back_to_the_host_are_real_zeros_only_up_to_a_budget(tmp_path):
+    """A kept file read to the host: real zeros up to KEPT_REAL_BYTES (64 MiB), fake host
+    tensors past it. Gemma-3-1B's shape, read back slice by slice, had made 1.4 GB of host
+    zeros (2.7 GB peak RSS)."""
+    ns: dict = {"PATH": str(tmp_path / "w.safetensors"), "PT": str(tmp_path / "w.pt")}
+    tr = trace(READ_TO_HOST, ns, mode="fake")
+    assert tr.mode == "fake"
+    # 8 MiB each: 8 of them fill the 64 MiB; the safetensors load spends it, torch.load gets none
+    assert ns["kinds"] == (["Tensor"] * 8 + ["FakeTensor"] * 4, ["FakeTensor"] * 12)
+    assert ns["zeros"][0] is True  # what is real reads as zeros, as before
+    assert ns["devices"] == {"cpu"}
+    assert not [e for e in tr.events if e.kind == "alloc" and e.source.endswith((":6", ":8"))]  # host loads

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import math
 import os
 import pickle
 import sys
@@ -60,6 +61,10 @@ import torch
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import TORCH_DIR, XMEM_DIR, is_user_file, user_frame
 from xmem_engine.tracing.patches import patched_attr
+
+
+#: host bytes of kept entries read back as real zeros; past this they are fake host tensors
+KEPT_REAL_BYTES = 64 * 1024 * 1024
 
 
 class _Finder(pickle.Pickler):
@@ -346,6 +351,7 @@ class Checkpoints:
         # (kind, API, line) -> (index of its note, files, tensors, bytes)
         self._noted: dict[tuple[str, str, str], tuple[int, int, int, int]] = {}
         self._thread = threading.get_ident()
+        self._real_bytes = 0  # host zeros made real for kept entries (_host_zeros)
 
     def _note(self, kind: str, fallback: str, n: int, nbytes: int, depth: int, extra: str = "") -> None:
         """One note per kind of save, API and user line, counting what it did not write."""
@@ -447,7 +453,7 @@ class Checkpoints:
             for s in _saved_tensors(obj):
                 if id(s) in memo:
                     continue
-                new = torch.zeros(s.shape, dtype=s.dtype)
+                new = self._host_zeros(s.shape, s.dtype)
                 if not (host if host is not None else not s.on_gpu):
                     new = new.to("cuda", copy=True)
                 memo[id(s)] = torch.nn.Parameter(new, s.requires_grad) if s.param else new
@@ -464,7 +470,7 @@ class Checkpoints:
     # -- safetensors
     def _new_tensor(self, shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
         """A new tensor for a kept file's entry, where a real load puts it: the host, or the
-        virtual GPU for ``device="cuda"`` / an index. Small host ones are zeros (real)."""
+        virtual GPU for ``device="cuda"`` / an index. Host ones: :meth:`_host_zeros`."""
         if isinstance(device, int) and not isinstance(device, bool):
             device = torch.device("cuda", device)
         on_gpu = torch.device(device).type == "cuda"
@@ -473,7 +479,24 @@ class Checkpoints:
             # (no memory), which it moves where it wants back in the traced thread.
             with self.tracer.fake_mode:
                 return torch.empty(shape, dtype=dtype)
-        return torch.zeros(shape, dtype=dtype, device="cuda" if on_gpu else "cpu")
+        return torch.zeros(shape, dtype=dtype, device="cuda") if on_gpu else self._host_zeros(shape, dtype)
+
+    def _host_zeros(self, shape: Any, dtype: torch.dtype) -> torch.Tensor:
+        """A kept entry read to the host: zeros, real, while what kept entries made real stays
+        within ``KEPT_REAL_BYTES`` (values host code may read: a step count, an RNG state);
+        past it a fake host tensor. A model's weights had no values when saved, and a 1B model
+        read back slice by slice (each under the tracer's 16 MiB for real host tensors) came to
+        1.4 GB of host zeros: Gemma-3-1B's shape went to 2.7 GB peak RSS."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        mode = self.tracer.fake_mode
+        if mode is None or self._real_bytes + nbytes <= KEPT_REAL_BYTES:
+            self._real_bytes += nbytes
+            return torch.zeros(shape, dtype=dtype)
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+            meta = torch.empty(shape, dtype=dtype, device="meta")
+        return FakeTensor(mode, meta, torch.device("cpu"))
 
     def flatten(self, orig: Any) -> Any:
         """safetensors' ``_flatten_as_ptr`` / ``_flatten``: a dict of fake tensors is checked as
