@@ -49,7 +49,7 @@ from xmem_engine.tracing.shims.distributed import World
 from xmem_engine.tracing.fake.guesses import Guesses
 from xmem_engine.tracing.host_memory import HostBudget
 from xmem_engine.tracing.fake.shadow_values import Shadows
-from xmem_engine.tracing.shims.subclasses import inner_tensors, is_wrapper
+from xmem_engine.tracing.shims.subclasses import inner_tensors, is_wrapper, storage_key
 from xmem_engine.tracing.user_state import UserState
 from xmem_engine.tracing.virtual_cuda import VirtualCuda, VirtualStream
 
@@ -251,7 +251,7 @@ class Tracer:
             t = t.data
         if is_wrapper(t):  # a DTensor is where its local tensor is
             return any(self.is_gpu(x) for x in inner_tensors(t))
-        return t.untyped_storage()._cdata in self.live
+        return storage_key(t) in self.live
 
     def current_module(self) -> str:
         if self._module_stack:
@@ -471,7 +471,7 @@ class Tracer:
             if scope.args:
                 for x in scope.args:
                     for t in tensors_in(x):
-                        if t.untyped_storage()._cdata in self.live:
+                        if storage_key(t) in self.live:
                             scope.gpu_args = True
                             return True
         return scope.gpu_args

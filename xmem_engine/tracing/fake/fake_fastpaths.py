@@ -282,7 +282,10 @@ def _viewer(func: Any) -> Callable[..., Any]:
                     isinstance(a, (list, tuple)) and all(type(i) is int for i in a)):
                 return NotImplemented
         mode = x.fake_mode
-        return FakeTensor(mode, _on_meta(mode, func, x, *args), x.fake_device)
+        out = _on_meta(mode, func, x, *args)
+        if out.device.type != "meta":  # inside vmap (functorch's batch-dim removal): not a meta kernel's output
+            return NotImplemented
+        return FakeTensor(mode, out, x.fake_device)
 
     return view
 
@@ -313,8 +316,10 @@ def _computer(func: Any) -> Callable[..., Any]:
         mode, device = like.fake_mode, like.fake_device
         out = _on_meta(mode, func, *args, **kwargs)
         if isinstance(out, tuple):
+            if any(o.device.type != "meta" for o in out):
+                return NotImplemented
             return tuple(FakeTensor(mode, o, device) for o in out)
-        return FakeTensor(mode, out, device)
+        return FakeTensor(mode, out, device) if out.device.type == "meta" else NotImplemented
 
     return compute
 

@@ -37,6 +37,18 @@ def inner_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
         yield t
 
 
+def storage_key(t: torch.Tensor) -> int:
+    """``t``'s storage (its ``_cdata``). vmap's ``BatchedTensor`` and the ``grad`` transform's
+    wrapper have none of their own ("Cannot access storage of BatchedTensorImpl"): they are
+    where the tensor they wrap is (transformers' masks ask ``.device`` inside ``vmap``)."""
+    try:
+        return t.untyped_storage()._cdata
+    except NotImplementedError:
+        if not torch._C._functorch.is_functorch_wrapped_tensor(t):
+            raise
+        return storage_key(torch._C._functorch.get_unwrapped(t))
+
+
 def is_fake_wrapper(t: Any) -> bool:
     """A wrapper whose inner tensors are all fake (a DTensor made in fake mode)."""
     from torch._subclasses.fake_tensor import FakeTensor

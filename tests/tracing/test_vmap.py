@@ -1,0 +1,46 @@
+"""``torch.vmap`` under the tracer: vmap's ``BatchedTensor`` has no storage of its own, and the
+tracer asked every tensor for its storage ("Cannot access storage of BatchedTensorImpl"); the
+fake fast paths' meta kernels, run inside vmap's batch-dim removal, gave a tensor that is not a
+meta tensor ("elem.device.type must be 'meta', got cuda"). Flex attention builds its block mask
+with nested vmaps, so transformers' and Unsloth's flex-attention models (Gemma 3 under Unsloth on
+a bf16 GPU) stopped in fake mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tracing.test_shadow_values import alloc_stream
+from xmem_engine.tracing import trace
+
+DEVICE_IN_VMAP = """
+import torch
+x = torch.zeros(4, 3, device="cuda")
+def row(r):
+    return (r > 0).to(r.device) & (r < 1).to(r.device)   # transformers' and_mask asks .device
+out = torch.vmap(row)(x)
+dev = str(out.device)
+shape = tuple(out.shape)
+"""
+
+BLOCK_MASK = """
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+def sliding_causal(b, h, q, kv):
+    return (q >= kv) & (q - kv < 64)
+mask = create_block_mask(sliding_causal, 2, 1, 256, 256, device="cuda")
+shape = tuple(mask.kv_num_blocks.shape)
+"""
+
+
+@pytest.mark.parametrize("src", [DEVICE_IN_VMAP, BLOCK_MASK], ids=["device-in-vmap", "flex-block-mask"])
+def test_vmap_runs_in_fake_mode_as_in_real_mode(src):
+    runs = {}
+    for mode in ("fake", "real"):
+        ns: dict = {}
+        tr = trace(src, ns, mode=mode)
+        assert tr.mode == mode
+        runs[mode] = (tr, ns)
+    (fake, fns), (real, rns) = runs["fake"], runs["real"]
+    assert fns["shape"] == rns["shape"]
+    assert fns.get("dev", "cuda:0") == rns.get("dev", "cuda:0") == "cuda:0"
+    assert alloc_stream(fake) == alloc_stream(real)
