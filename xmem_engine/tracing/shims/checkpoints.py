@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import TORCH_DIR, XMEM_DIR, is_user_file, user_frame
@@ -333,8 +334,6 @@ class KeptSlice:
 
 
 def _has_fake(tensors: Any) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
     return isinstance(tensors, dict) and any(isinstance(v, FakeTensor) for v in tensors.values())
 
 
@@ -373,8 +372,6 @@ class Checkpoints:
 
     # -- torch.save / torch.load
     def save(self, orig: Any) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
             tensors = _tensors(obj)
             if not tensors or not any(isinstance(t, FakeTensor) for t in tensors):
@@ -482,18 +479,14 @@ class Checkpoints:
         return torch.zeros(shape, dtype=dtype, device="cuda") if on_gpu else self._host_zeros(shape, dtype)
 
     def _host_zeros(self, shape: Any, dtype: torch.dtype) -> torch.Tensor:
-        """A kept entry read to the host: zeros, real, while what kept entries made real stays
-        within ``KEPT_REAL_BYTES`` (values host code may read: a step count, an RNG state);
-        past it a fake host tensor. A model's weights had no values when saved, and a 1B model
-        read back slice by slice (each under the tracer's 16 MiB for real host tensors) came to
-        1.4 GB of host zeros: Gemma-3-1B's shape went to 2.7 GB peak RSS."""
+        """A kept entry read to the host: real zeros up to ``KEPT_REAL_BYTES`` in all (what host code
+        reads: a step count, an RNG state), then fake. A 1B model read back slice by slice, each
+        under the tracer's 16 MiB for real host tensors, had made 1.4 GB of host zeros."""
         nbytes = math.prod(shape) * dtype.itemsize
         mode = self.tracer.fake_mode
         if mode is None or self._real_bytes + nbytes <= KEPT_REAL_BYTES:
             self._real_bytes += nbytes
             return torch.zeros(shape, dtype=dtype)
-        from torch._subclasses.fake_tensor import FakeTensor
-
         with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
             meta = torch.empty(shape, dtype=dtype, device="meta")
         return FakeTensor(mode, meta, torch.device("cpu"))
@@ -605,8 +598,6 @@ def _rebound(orig: Any, new: Any) -> Iterator[None]:
 
 def _is_complete(orig: Callable[[torch.Tensor], bool]) -> Callable[[torch.Tensor], bool]:
     """safetensors' "this tensor covers its whole storage", for fake tensors too."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     def is_complete(t: torch.Tensor) -> bool:
         if not isinstance(t, FakeTensor):
             return orig(t)
