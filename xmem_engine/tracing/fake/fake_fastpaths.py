@@ -33,19 +33,28 @@ _PLAIN_FLOATS = (torch.float32, torch.float64)
 _CPU = torch.device("cpu")
 
 
-def _empty(size: Any, stride: Any, dtype: torch.dtype, like: Any = None) -> Any:
-    """A fresh fake tensor as FakeTensorMode makes a factory's output (a meta tensor, wrapped),
-    without its dispatch cache: hashing the arguments and rebuilding the cached output cost
-    0.3-0.4 ms a call, several times a meta kernel's."""
+def fake_empty(mode: Any, size: Any, stride: Any, dtype: torch.dtype, device: torch.device) -> Any:
+    """A fresh fake tensor of ``mode`` on ``device`` (contiguous where ``stride`` is None), made as
+    FakeTensorMode makes a factory's output (a meta tensor, wrapped) but past the modes, so
+    nothing records or caches it."""
+    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+        meta = (torch.empty(size, dtype=dtype, device="meta") if stride is None
+                else torch.empty_strided(size, stride, dtype=dtype, device="meta"))
+    return FakeTensor(mode, meta, device)
+
+
+def _empty(size: Any, stride: Any, dtype: torch.dtype, like: Any = None, device: Any = None) -> Any:
+    """A fresh fake tensor as FakeTensorMode makes a factory's output, without its dispatch
+    cache: hashing the arguments and rebuilding the cached output cost 0.3-0.4 ms a call,
+    several times a meta kernel's. On ``like``'s device, else ``device`` (the host if None)."""
     if type(like) is FakeTensor:
         mode, device = like.fake_mode, like.fake_device
     else:
-        mode, device = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE), _CPU
+        mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
         if mode is None:
             return torch.empty_strided(size, stride, dtype=dtype, device="cpu")
-    with torch._C._DisableTorchDispatch():  # a plain meta tensor, past the modes
-        meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
-    return FakeTensor(mode, meta, device)
+        device = torch.device(device) if device is not None else _CPU
+    return fake_empty(mode, size, stride, dtype, device)
 
 
 def _on_meta(mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
@@ -349,7 +358,7 @@ def _fast_empty_strided(size: Any, stride: Any, *, dtype: Any = None, layout: An
     """``torch.empty_strided`` (every buffer of Inductor's wrappers) as FakeTensorMode makes it."""
     if layout not in (None, torch.strided) or pin_memory or not _ints(size) or not _ints(stride):
         return NotImplemented
-    return _factory(size, stride, dtype, device)
+    return _empty(size, stride, dtype or torch.get_default_dtype(), device=device)
 
 
 def _fast_empty(size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None,
@@ -358,20 +367,11 @@ def _fast_empty(size: Any, *, dtype: Any = None, layout: Any = None, device: Any
     if layout not in (None, torch.strided) or pin_memory or memory_format not in (None, torch.contiguous_format) \
             or not _ints(size):
         return NotImplemented
-    return _factory(size, _contiguous(size), dtype, device)
+    return _empty(size, _contiguous(size), dtype or torch.get_default_dtype(), device=device)
 
 
 def _ints(xs: Any) -> bool:
     return isinstance(xs, (list, tuple)) and all(type(i) is int for i in xs)
-
-
-def _factory(size: Any, stride: Any, dtype: Any, device: Any) -> Any:
-    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
-    if mode is None:
-        return NotImplemented
-    with torch._C._DisableTorchDispatch():
-        meta = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype(), device="meta")
-    return FakeTensor(mode, meta, torch.device(device) if device is not None else _CPU)
 
 
 def _same_sizes(a: Any, b: Any) -> bool:

@@ -60,6 +60,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from xmem_engine.tracing.errors import NeedsRealValues
+from xmem_engine.tracing.fake.fake_fastpaths import fake_empty
 from xmem_engine.tracing.frames import TORCH_DIR, XMEM_DIR, is_user_file, user_frame
 from xmem_engine.tracing.patches import patched_attr
 
@@ -487,9 +488,7 @@ class Checkpoints:
         if mode is None or self._real_bytes + nbytes <= KEPT_REAL_BYTES:
             self._real_bytes += nbytes
             return torch.zeros(shape, dtype=dtype)
-        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
-            meta = torch.empty(shape, dtype=dtype, device="meta")
-        return FakeTensor(mode, meta, torch.device("cpu"))
+        return fake_empty(mode, shape, None, dtype, torch.device("cpu"))
 
     def flatten(self, orig: Any) -> Any:
         """safetensors' ``_flatten_as_ptr`` / ``_flatten``: a dict of fake tensors is checked as

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import torch
 
 from xmem_engine.trace import ALLOC, FREE
+from xmem_engine.tracing.shims.subclasses import storage_key
 
 _STATE_DEPTH = 4
 #: a state tensor's known value (its shadow) is a number of the state up to this many elements
@@ -148,10 +149,6 @@ def _version(t: torch.Tensor) -> int | None:
     under ``torch.inference_mode``, as Unsloth's generate() runs: its in-place changes cannot be
     seen, so a known value it holds is taken as changed)."""
     return None if t.is_inference() else t._version
-
-
-def storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
 
 
 # ---------------------------------------------------------------------------- a call's form

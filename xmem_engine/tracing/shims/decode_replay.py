@@ -48,8 +48,8 @@ import torch
 from xmem_engine.affine import NotAffine, OutOfRange, evaluate, fit, varies
 from xmem_engine.trace import ALLOC, FREE, TraceEvent
 from xmem_engine.tracing.shims.decode_forms import (VALUE, NotReplayable, call_form, extent, get, numbers_of, put,
-                                                    recipe_leaves, signature, snapshot, state, storage_key,
-                                                    tensor_meta)
+                                                    recipe_leaves, signature, snapshot, state, tensor_meta)
+from xmem_engine.tracing.shims.subclasses import storage_key
 
 ENV = "XMEM_REPLAY_DECODE"
 #: consecutive real calls a family is fitted on: with one line, the first two fit it and the
