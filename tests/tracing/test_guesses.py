@@ -203,3 +203,22 @@ def test_writing_a_guessed_number_as_json_is_not_a_use():
     assert json.dumps({"loss": loss, "log": [loss]}, indent=2, sort_keys=True).count("0.5") == 2
     assert used == []
     assert loss > 0.1 and used == ["Tensor.item() in a comparison"]  # the code's own comparison still is
+
+
+def test_a_dead_storage_s_symbolic_guess_is_not_the_next_one_s_at_its_address():
+    """Guesses are keyed by storage address. A sum over a symbolic batch (pinned when read)
+    that dies must take that mark with it: the allocator may put the next small storage, a
+    loss read with ``.item()``, at the same address. Kept, the mark fixed the batch in a
+    quarter of the runs of test_symbolic_batch's CNN."""
+    from xmem_engine.tracing.fake.shadow_values import Shadows
+
+    g = guesses.Guesses(Shadows(), fake_mode=None)
+    summed = torch.zeros(1).untyped_storage()
+    key = summed._cdata
+    g._keep(summed, key, torch.ones(1).untyped_storage(), symbolic=True)
+    assert key in g.from_symbol
+    del summed
+    assert key not in g.from_symbol and key not in g.stale
+    loss = torch.zeros(1).untyped_storage()  # a storage that is no sum over the batch, at that address
+    g._keep(loss, key, torch.ones(1).untyped_storage())
+    assert key not in g.from_symbol

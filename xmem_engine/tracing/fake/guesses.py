@@ -191,17 +191,24 @@ class Guesses:
             weakref.finalize(st, self._died, key)
 
     def _died(self, key: int) -> None:
+        """Forget a dead storage: its key, an address, may be the next storage's."""
         self._watched.discard(key)
         self.producers.pop(key, None)
         self.stale.pop(key, None)
+        self.from_symbol.discard(key)
+
+    def _keep(self, st: torch.UntypedStorage, key: int, value: torch.UntypedStorage, symbolic: bool = False) -> None:
+        """Keep ``value`` as the guess of what ``st`` holds now; ``symbolic``: a guess that
+        holds at the traced batch size only."""
+        self.stale[key] = value
+        (self.from_symbol.add if symbolic else self.from_symbol.discard)(key)
+        self._watch(st, key)
 
     def _forgotten(self, t: torch.Tensor, storage: torch.UntypedStorage) -> None:
         """Shadows dropped ``t``'s known value (unknown values were written into it): keep it
         as the guess of what it holds now."""
         st = t.untyped_storage()
-        key = st._cdata
-        self.stale[key] = storage
-        self._watch(st, key)
+        self._keep(st, st._cdata, storage)
 
     def after_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Remember how a small unknown output was made, if its tensor inputs are small too.
@@ -285,8 +292,8 @@ class Guesses:
             return False
         value = rule(args, kwargs)
         with bare():
-            self.stale[key] = torch.full((out.untyped_storage().nbytes(),), value, dtype=torch.bool).untyped_storage()
-        self._watch(out.untyped_storage(), key)
+            guess = torch.full((out.untyped_storage().nbytes(),), value, dtype=torch.bool).untyped_storage()
+        self._keep(out.untyped_storage(), key, guess)
         self.decide(f"{_short(func)} of unknown ids with known ones", f"{value} everywhere (no id matches: "
                     "no early stop, generation runs to max_new_tokens)", kind="rule")
         return True
@@ -301,13 +308,12 @@ class Guesses:
             return  # (an output sized by a symbolic batch has no values at every size: symbolic.py)
         n = x.numel()
         value = in_range(rule(hint(n) / out.numel(), args, kwargs), out.dtype)  # fp16: at most 65,504
-        if type(n) is torch.SymInt and rule(hint(n) + 1, args, kwargs) != rule(hint(n), args, kwargs):
-            self.from_symbol.add(key)  # a sum over the batch: its guess is the traced size's only
+        # a sum over the batch: its guess is the traced size's only
+        symbolic = type(n) is torch.SymInt and rule(hint(n) + 1, args, kwargs) != rule(hint(n), args, kwargs)
         with bare():
             storage = torch.full((out.untyped_storage().nbytes() // out.element_size(),), value,
                                  dtype=out.dtype).untyped_storage()
-        self.stale[key] = storage
-        self._watch(out.untyped_storage(), key)
+        self._keep(out.untyped_storage(), key, storage, symbolic)
 
     # ------------------------------------------------------------------ values
     def surrogate(self, t: torch.Tensor, depth: int = 0, memo: dict | None = None) -> torch.Tensor | None:
