@@ -154,6 +154,24 @@ def test_autotuned_kernel_takes_a_config_without_benchmarking():
     assert [e.kind for e in tr.events if e.bytes == flush] == ["alloc", "free"]
 
 
+def test_each_autotuner_times_its_first_key_even_at_a_dead_one_s_address():
+    """What has been timed is kept by autotuner id; a tuner made in a function (a kernel
+    factory) dies, and the next may get its id: it times its first key all the same, as its
+    own cache is empty on a GPU (8 of 20 tuners here had been taken for timed)."""
+
+    def step():
+        x = torch.randn(N, device="cuda")
+        out = torch.empty_like(x)
+        for _ in range(20):
+            tuned = triton.autotune(configs=[triton.Config({"BLOCK_SIZE": 128}), triton.Config({"BLOCK_SIZE": 1024})],
+                                    key=["n"])(add_kernel)
+            tuned[lambda meta: (triton.cdiv(N, meta["BLOCK_SIZE"]),)](x, x, out, N)
+            del tuned
+
+    tr = trace(step, mode="fake")
+    assert sum(e.bytes == 256 * 2**20 for e in _allocs(tr)) == 20
+
+
 @triton.heuristics(values={"BLOCK_SIZE": lambda args: triton.next_power_of_2(args["n"])})
 @triton.jit
 def add_heuristic(x_ptr, out_ptr, n, BLOCK_SIZE: tl.constexpr):

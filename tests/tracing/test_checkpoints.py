@@ -134,3 +134,28 @@ epoch, a_host, b_gpu = a["epoch"], not a["state_dict"]["weight"].is_cuda, b["wei
     line = src.splitlines().index("b = torch.load(FINAL)") + 1
     loads = [e for e in tr.events if e.kind == "alloc" and e.source.endswith(f":{line}")]
     assert sorted(e.bytes for e in loads) == [128 * 4, 128 * 128 * 4]  # b: back on the GPU, where it was saved from
+
+
+def test_a_file_object_s_record_dies_with_it():
+    """Which file objects held GPU tensors is kept by id: a buffer that dies must take its
+    record along, or a later buffer at its address (CPython reuses it at once) loads a host
+    checkpoint onto the GPU. Real mode: torch.save of plain tensors goes through."""
+    src = """
+import io
+import torch
+host = io.BytesIO()
+torch.save({"w": torch.ones(4)}, host)  # a checkpoint of host tensors
+data = host.getvalue()
+reused = on_gpu = 0
+for _ in range(20):
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(4, device="cuda")}, buf)  # one of GPU tensors, in a buffer that dies
+    gone = id(buf)
+    del buf
+    other = io.BytesIO(data)
+    reused += id(other) == gone
+    on_gpu += torch.load(other)["w"].is_cuda
+"""
+    ns: dict = {}
+    trace(src, ns, mode="real")
+    assert ns["reused"] > 0 and ns["on_gpu"] == 0

@@ -193,6 +193,10 @@ class Guesses:
     def _died(self, key: int) -> None:
         """Forget a dead storage: its key, an address, may be the next storage's."""
         self._watched.discard(key)
+        self.overwritten(key)
+
+    def overwritten(self, key: int) -> None:
+        """Unknown values were written into the storage (a Triton kernel's): nothing is known of it."""
         self.producers.pop(key, None)
         self.stale.pop(key, None)
         self.from_symbol.discard(key)

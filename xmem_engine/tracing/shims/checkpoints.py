@@ -10,9 +10,8 @@ tensors are new storages where ``map_location`` puts them, as a real load's are.
 without fake tensors are saved and loaded by torch as usual.
 
 So that code which looks for a saved file finds it (``os.path.isfile``, a resume), a path
-that held no file gets a placeholder while the trace runs (a valid file of its format holding
-one note, a few hundred bytes), removed after the trace; a file that was there is left as it
-was, and a load in the trace still reads what was kept.
+that held no file gets a placeholder (a valid file of its format holding one note), removed
+after the trace; a file that was there is left as it was.
 
 In both modes, a load puts tensors on the virtual GPU where a GPU run would: a
 ``map_location`` of ``cuda``, or none for a checkpoint saved from the GPU (in this trace, or
@@ -20,14 +19,11 @@ with ``cuda`` storages in the file). torch itself would refuse: this machine has
 A kept object holds descriptions of its fake tensors (:class:`SavedTensor`), not the tensors:
 a real save does not keep GPU memory alive, so a kept one must not either.
 
-safetensors (``save_pretrained``, ``Trainer.save_model`` and its checkpoints, peft's
-adapters, ``safetensors.torch.save_file`` / ``save_model``) likewise: a file of fake tensors is
-not written; what it would hold (names, shapes, dtypes, metadata) is kept, and a later
-``safe_open`` / ``load_file`` / ``from_pretrained`` of it in the traced code reads back new
-tensors of those shapes (placeholders as above: a safetensors file with no tensors). On a GPU, safetensors copies each
-tensor to the host (``tensor.to("cpu")``) and writes from there: no device memory, and here
-none either. Small files (``config.json``, tokenizers, ``trainer_state.json``) are written as
-usual.
+safetensors (``save_pretrained``, ``Trainer.save_model``, peft's adapters, ``save_file``)
+likewise: what a file of fake tensors would hold (names, shapes, dtypes, metadata) is kept, not
+written, and a later ``safe_open`` / ``load_file`` / ``from_pretrained`` of it reads back new
+tensors of those shapes. On a GPU, safetensors copies each tensor to the host and writes from
+there: no device memory. Small files (``config.json``, tokenizers) are written as usual.
 
 Why the storages of fake tensors get addresses (``FakeAddresses``): libraries find tied and
 shared weights by storage pointer (transformers' ``id_tensor_storage``, safetensors'
@@ -37,8 +33,7 @@ storages get disjoint made-up addresses above any real pointer instead, as disti
 have on a GPU (``UntypedStorage.data_ptr`` only: nothing dereferences a storage's pointer, while
 code that reads a tensor's - ctypes, Triton, bitsandbytes - must not be handed a made-up one).
 
-Each kind of save (``torch.save``, safetensors) is noted once per API and line of the user's
-code that made it, with how many tensors and bytes were not written.
+Each kind of save is noted once per API and user line, with the tensors and bytes not written.
 """
 
 from __future__ import annotations
@@ -52,6 +47,7 @@ import pickle
 import sys
 import threading
 import types
+import weakref
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -372,11 +368,17 @@ class Checkpoints:
         self._noted[key] = (at, files, tensors, total)
 
     # -- torch.save / torch.load
+    def _saved(self, f: Any, on_gpu: bool) -> None:
+        """Where ``f``'s tensors were; a file object's note dies with it (its id is the next one's)."""
+        self.gpu_saved[_key(f)] = on_gpu
+        if not isinstance(f, (str, os.PathLike)):
+            weakref.finalize(f, self.gpu_saved.pop, id(f), None)
+
     def save(self, orig: Any) -> Any:
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
             tensors = _tensors(obj)
             if not tensors or not any(isinstance(t, FakeTensor) for t in tensors):
-                self.gpu_saved[_key(f)] = any(self.tracer.is_gpu(t) for t in tensors or ())
+                self._saved(f, any(self.tracer.is_gpu(t) for t in tensors or ()))
                 return orig(obj, f, *args, **kwargs)
             if isinstance(f, (str, os.PathLike)):  # what torch says of a path it cannot write
                 parent = os.path.dirname(os.path.abspath(os.fspath(f)))

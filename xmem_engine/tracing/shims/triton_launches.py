@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -141,9 +142,7 @@ class Launches:
         if guesses is None:
             return
         for t in written:
-            key = t.untyped_storage()._cdata
-            guesses.producers.pop(key, None)
-            guesses.stale.pop(key, None)
+            guesses.overwritten(t.untyped_storage()._cdata)
 
     def counts(self) -> dict[tuple[str, str], int]:
         """Launches so far by kernel (name, source): what a made decode step adds to
@@ -468,7 +467,10 @@ def _benchmark_allocations(launches: "Launches", tuner: Any, args: tuple, kwargs
     named = {**dict(zip(tuner.arg_names, args)), **kwargs}
     key = tuple(named.get(k) for k in getattr(tuner, "keys", ()))
     key += tuple(str(a.dtype) for a in named.values() if hasattr(a, "dtype"))
-    seen = launches.timed.setdefault(id(tuner), set())
+    seen = launches.timed.get(id(tuner))
+    if seen is None:  # (keyed by id: the record goes with the tuner, whose id the next one may get)
+        seen = launches.timed[id(tuner)] = set()
+        weakref.finalize(tuner, launches.timed.pop, id(tuner), None)
     if key in seen:
         return
     seen.add(key)
