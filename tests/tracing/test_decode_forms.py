@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import torch.utils._pytree as pytree
+
 from xmem_engine.tracing.shims.decode_forms import NotReplayable, _output_recipe, signature
 from xmem_engine.tracing.shims.decode_replay import _build, _views_fit
 
@@ -81,3 +83,36 @@ def test_lists_in_the_inputs_hold_tensors_and_values_not_state():
     assert signature((), {"attention_mask": masks})[1][0] == (
         "attention_mask", ("dict", (("full_attention", None),
                                     ("sliding_attention", ("T", (1, 1, 1, 6), (6, 6, 6, 1), "torch.bool", "cpu")))))
+
+
+def test_flex_attention_block_masks_are_read_as_values():
+    """Gemma 3 under Unsloth on a GPU with bf16 gets flex attention: generate() passes its masks
+    by layer type as ``BlockMask``s. They are values (lengths, block size, tensors, mask
+    function), so that two steps a token apart differ only in integers; the number of key
+    blocks grows every 128 tokens, where the signature changes shape."""
+    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+
+    def causal(b, h, q, kv):
+        return q >= kv
+
+    def masks(length: int) -> dict:
+        m = fa.create_block_mask(causal, 1, None, 1, length, device="cpu")
+        return {"full_attention": m, "sliding_attention": m}
+
+    def sig(length: int) -> tuple:
+        return signature((), {"attention_mask": masks(length), "n": length})
+
+    def block_mask(s: tuple) -> tuple:  # the full-attention layers' mask
+        return dict(dict(s[1])["attention_mask"][1])["full_attention"]
+
+    def numbers(s: tuple) -> list:
+        return [x for x in pytree.tree_leaves(s) if type(x) is int]
+
+    a, b, c = sig(200), sig(201), sig(257)
+    assert block_mask(a)[:3] == ("BlockMask", (1, 200), (128, 128))
+    kv_indices = block_mask(a)[4][1]
+    assert kv_indices[:2] == ("T", (1, 1, 1, 2))  # two blocks of 128 keys
+    # a token later: the same but for integers
+    assert pytree.tree_structure(a) == pytree.tree_structure(b) and numbers(a) != numbers(b)
+    assert [x for x in pytree.tree_leaves(a) if type(x) is not int] == [x for x in pytree.tree_leaves(b) if type(x) is not int]
+    assert block_mask(c)[4][1][1] == (1, 1, 1, 3)  # past 256 keys: a third block

@@ -77,6 +77,8 @@ def _input(x: Any, top: bool = True) -> Any:
         return ("T", tuple(x.shape), tuple(x.stride()), str(x.dtype), str(x.device))
     if x is None or type(x) in (int, float, bool, str):
         return x
+    if _is_block_mask(x):
+        return _block_mask(x)
     if top and _is_state(x):
         return ("O", type(x).__qualname__)
     if type(x) in (list, tuple):
@@ -84,6 +86,22 @@ def _input(x: Any, top: bool = True) -> Any:
     if type(x) is dict and all(type(k) is str for k in x):  # masks by layer type (transformers 5's)
         return ("dict", tuple((k, _input(x[k], False)) for k in sorted(x)))
     raise NotReplayable(f"an argument of type {type(x).__name__}" + ("" if top else " in a list"))
+
+
+def _is_block_mask(x: Any) -> bool:
+    return type(x).__name__ == "BlockMask" and type(x).__module__ == "torch.nn.attention.flex_attention"
+
+
+def _block_mask(x: Any) -> tuple:
+    """Flex attention's ``BlockMask`` as :func:`signature` compares it: a value, not state (a
+    step reads it): its lengths, block size, tensors and mask function. Gemma 3's masks by layer
+    type are block masks where Unsloth gives it flex attention (GPUs with bf16); the number of
+    key blocks grows every ``BLOCK_SIZE`` tokens, a call off the family's line, which runs."""
+    fn = x.mask_mod
+    code = getattr(fn, "__code__", None)
+    where = (code.co_filename, code.co_firstlineno) if code is not None else type(fn).__qualname__
+    return ("BlockMask", tuple(x.seq_lengths), tuple(x.BLOCK_SIZE), where,
+            tuple(_input(getattr(x, a), False) for a in x._TENSOR_ATTRS))
 
 
 def signature(args: tuple, kwargs: dict) -> tuple:
