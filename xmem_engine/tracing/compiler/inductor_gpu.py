@@ -52,13 +52,20 @@ def answering_availability(answers: tuple[Callable[..., Any], Callable[..., Any]
         yield
 
 
-def real_availability() -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def real_availability() -> Iterator[None]:
     """``torch.cuda.is_available()`` False (and no current accelerator) while compiling, as on
     this machine: FakeTensorMode then installs CUDA's no-op device guard and makes its ``cuda``
     tensors without initialising CUDA (Inductor's pattern tracing makes some), and Dynamo asks
     no driver for RNG states or stream captures. The compilers' questions about the GPU itself
-    are answered by :func:`inductor_for_virtual_gpu`."""
-    return answering_availability(REAL_AVAILABILITY)
+    are answered by :func:`inductor_for_virtual_gpu`. An autocast region built meanwhile (a
+    compiled graph's ``_enter_autocast``, traced by AOTAutograd) asks the same question; it
+    must stay on: answered False, the compiled step's matmuls had run in float32."""
+    import torch.cuda.amp.common as amp_common
+
+    with answering_availability(REAL_AVAILABILITY), \
+            patched_attr(amp_common, "amp_definitely_not_available", lambda: False):
+        yield
 
 
 # ---------------------------------------------------------------- the virtual GPU, as Inductor sees it
