@@ -172,6 +172,25 @@ def test_each_autotuner_times_its_first_key_even_at_a_dead_one_s_address():
     assert sum(e.bytes == 256 * 2**20 for e in _allocs(tr)) == 20
 
 
+def test_a_kernel_in_a_graph_run_eagerly_allocates_as_in_eager_code():
+    """``torch.compile(backend="eager")`` (or a graph whose compile failed) runs Dynamo's graph
+    as it is, the launch a higher-order op in it: the tracer passes it on (it had stopped the
+    script: "no rule registered for HigherOrderOperator triton_kernel_wrapper_mutation")."""
+
+    def add(x):
+        out = torch.empty_like(x)
+        add_kernel[(triton.cdiv(N, 1024),)](x, x, out, N, BLOCK_SIZE=1024)
+        return out
+
+    compiled = torch.compile(lambda x: add(x * 2).relu(), backend="eager")
+
+    def step(fn):
+        return lambda: fn(torch.randn(N, device="cuda"))
+
+    graph, eager = trace(step(compiled), mode="fake"), trace(step(lambda x: add(x * 2).relu()), mode="fake")
+    assert [e.bytes for e in _allocs(graph)] == [e.bytes for e in _allocs(eager)] == [4 * N] * 4
+
+
 @triton.heuristics(values={"BLOCK_SIZE": lambda args: triton.next_power_of_2(args["n"])})
 @triton.jit
 def add_heuristic(x_ptr, out_ptr, n, BLOCK_SIZE: tl.constexpr):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 
 import pytest
 import torch
@@ -130,6 +131,54 @@ def test_a_compiled_transformer_allocates_as_inductors_output_code_says():
     assert eager.meta["compile"]["graphs"] == 0 and eager.meta["compile"]["comparable"]
     assert compiled.meta["compile"]["comparable"] and not compiled.meta["compile"]["eager"]
     assert any("ran eagerly (asked: --compile eager)" in n for n in eager.meta["notes"])
+
+
+def test_an_autocast_region_inside_the_compiled_code_stays_on():
+    """A training step compiled whole, its autocast region inside it: AOTAutograd traces the
+    graph's ``_enter_autocast`` while xmem compiles, when this machine's answer to
+    ``torch.cuda.is_available()`` holds, and torch disabled the region ("CUDA is not available
+    ... Disabling autocast"): the matmuls ran in float32. As on a GPU, they run in bfloat16."""
+    src = """
+import torch
+lin = torch.nn.Linear(1024, 1024).cuda()
+@torch.compile
+def step(x):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return lin(x)
+out = step(torch.randn(64, 1024, device="cuda"))
+bf16 = out.dtype == torch.bfloat16
+"""
+    ns: dict = {}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        tr = trace(src, ns, mode="fake", device=H100)
+    assert not [w for w in said if "Disabling autocast" in str(w.message)]
+    assert ns["bf16"] and tr.meta["compile"]["graphs"] == 1
+    made = {(tuple(e.shape), str(e.dtype)) for e in tr.events if e.kind == "alloc" and e.op == "aten.empty_strided.default"}
+    assert {((64, 1024), "bfloat16"), ((1024, 1024), "bfloat16")} <= made  # the output; the weight's bf16 copy
+    assert ((64, 1024), "float32") not in made
+
+
+def test_a_forward_under_autocasts_decorator_compiles_as_dynamo_takes_it():
+    """accelerate's mixed precision wraps ``model.forward`` in ``torch.autocast(...)`` as a
+    decorator, then ``torch.compile``s the model. Dynamo skips torch's own frames and runs them
+    with its callback on: the region's ``__enter__`` and CUDA's cast policy (the tracer's
+    Python kernels) were the next frames it took to compile, and it stopped the script
+    ("NotImplementedError: AutocastModeVariable()"). It runs as the uncompiled step does,
+    torch's nn modules being skipped too (no graph: as on a GPU)."""
+    src = """
+import torch
+net = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 256)).cuda()
+net.forward = torch.autocast("cuda", dtype=torch.bfloat16)(net.forward)
+model = torch.compile(net)
+for _ in range(2):
+    model(torch.randn(8, 256, device="cuda")).float().sum().backward()
+"""
+    compiled = trace(src, {}, mode="fake", device=H100)
+    eager = trace(src, {}, mode="fake", device=H100, compile="eager")
+    assert any("Dynamo compiled no graph" in n for n in compiled.meta["notes"])
+    assert [(e.kind, e.bytes, e.dtype) for e in compiled.events] == [(e.kind, e.bytes, e.dtype) for e in eager.events]
+    assert any(e.dtype == "bfloat16" for e in compiled.events)
 
 
 def test_compile_eager_equals_the_uncompiled_step():

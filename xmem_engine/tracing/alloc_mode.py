@@ -141,6 +141,10 @@ def _has_tensor(args: tuple) -> bool:
 class AllocMode(TorchDispatchMode):
     """Sees every aten op; turns new GPU storages into ``alloc`` events."""
 
+    # A higher-order op (a Triton kernel's launch in a Dynamo graph run eagerly, when compiling
+    # it failed) is passed on: what it allocates comes back through here as aten ops.
+    supports_higher_order_operators = True
+
     def __init__(self, tracer: Tracer):
         super().__init__()
         self.t = tracer
@@ -191,8 +195,8 @@ class AllocMode(TorchDispatchMode):
             dev = getattr(args[0], "fake_device", None)
             if dev is not None:
                 return dev
-        if self.t.compiling:  # a compiler's own ops on its own fake tensors (Inductor's lazy backward)
-            return func(*args, **(kwargs or {}))
+        if self.t.compiling or isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **(kwargs or {}))  # (a compiler's own ops on its own fake tensors: Inductor's lazy backward)
         if self.t.in_dynamo:
             return self._between_graphs(func, types, args, kwargs or {})
         top = torch._C._len_torch_function_stack()

@@ -7,7 +7,7 @@ that code calls (``is_available``, device properties, streams, events, memory st
 allocator, device properties from a description of the target GPU. The
 tensors themselves live on the CPU; the tracer's TorchFunctionMode makes them report
 ``cuda:0`` (``device_mode.py``). ``autocast("cuda")`` regions cast with CUDA's per-op lists
-(``autocast_policy.py``, entered through :func:`_autocast_methods`), and ``GradScaler``'s
+(``autocast_policy.py``, entered through :func:`autocast_methods`), and ``GradScaler``'s
 value reads take the step in fake mode (:func:`_grad_scaler_methods`). Every patched attribute
 and dispatcher registration is undone when the context exits, also on error or
 KeyboardInterrupt.
@@ -191,7 +191,7 @@ class VirtualCuda:
         self.current_stream = self.default_stream
         self.memory_fraction = 1.0
         self.seed = 67280421310721  # CUDA's default generator's seed (default_rng_seed_val) until seeded
-        # CUDA's autocast lists for the tensors on the virtual GPU (see _autocast_methods)
+        # CUDA's autocast lists for the tensors on the virtual GPU (see autocast_methods)
         self.autocast = CudaAutocastPolicy(on_device=tracer.is_gpu)
         self.autocast_depth = 0
         self.graphs = VirtualCudaGraphs(self)  # the code's own CUDA graphs and memory pools
@@ -405,7 +405,7 @@ def _device_index(device: Any, current: int = 0) -> int:
     return d.index
 
 
-def _autocast_methods(vc: "VirtualCuda") -> tuple[Callable, Callable]:
+def autocast_methods(vc: "VirtualCuda") -> tuple[Callable, Callable]:
     """``autocast.__enter__`` / ``__exit__`` for the virtual device (patched on the base class,
     so ``torch.autocast``, ``torch.amp.autocast``, ``torch.cuda.amp.autocast``, decorators,
     ``torch.utils.checkpoint``'s recomputation and names imported before tracing all take them;
@@ -582,7 +582,7 @@ def patched_cuda(vc: VirtualCuda) -> Iterator[VirtualCuda]:
         if hasattr(torch._C, "_get_accelerator"):
             patch(torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda"))
         # Autocast regions for "cuda" follow CUDA's cast lists (autocast_policy.py).
-        enter, exit_ = _autocast_methods(vc)
+        enter, exit_ = autocast_methods(vc)
         patch(torch.amp.autocast_mode.autocast, "__enter__", enter)
         patch(torch.amp.autocast_mode.autocast, "__exit__", exit_)
         orig_clear = torch.clear_autocast_cache

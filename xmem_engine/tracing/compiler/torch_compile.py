@@ -539,17 +539,22 @@ def _dynamo_skips_the_tracer() -> None:
     """Dynamo never compiles the tracer's own handlers. Where it skips a frame it runs the frame
     eagerly with its callback on, and would take the next Python frame for a new entry: under a
     skipped frame (torch 2.10 skips ``nn.Linear``'s ``_call_impl`` and ``forward``) that is the
-    tracer's dispatch handler or ``FakeTensor.device``, which it cannot trace."""
+    tracer's dispatch handler or ``FakeTensor.device``, which it cannot trace; under torch's
+    ``autocast`` decorator (accelerate's bf16 ``forward``), the autocast region's ``__enter__``
+    and CUDA's cast policy (the ``AutocastCPU`` kernels, ``autocast_policy.py``)."""
     try:
         from torch._dynamo.eval_frame import set_code_exec_strategy
         from torch._dynamo.types import FrameAction, FrameExecStrategy
     except ImportError:  # an older torch: no per-code strategy; nothing to do
         return
-    from xmem_engine.tracing import alloc_mode, device_mode
+    from xmem_engine.tracing import alloc_mode, device_mode, virtual_cuda
+    from xmem_engine.tracing.kernels.autocast_policy import CudaAutocastPolicy
 
     skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)  # this frame and all it calls
     codes = [alloc_mode.AllocMode.__torch_dispatch__.__code__, device_mode.DeviceMode.__torch_function__.__code__]
     codes += [c for c in device_mode.fake_device_property.__code__.co_consts if getattr(c, "co_name", "") == "device"]
+    codes += [c for f in (virtual_cuda.autocast_methods, CudaAutocastPolicy.kernel)  # (their nested functions)
+              for c in f.__code__.co_consts if isinstance(c, types.CodeType)]
     for code in codes:
         set_code_exec_strategy(code, skip)
 

@@ -210,7 +210,7 @@ class CudaAutocastPolicy:
                 for name, policy in ops.items():
                     op = aten_op(name)
                     if op is not None:
-                        lib.impl(name, self._kernel(op, name, policy))
+                        lib.impl(name, self.kernel(op, name, policy))
                 for name in _registrations("AutocastCPU"):
                     if name not in ops:
                         lib.impl(name, torch.library.fallthrough_kernel)
@@ -299,7 +299,7 @@ class CudaAutocastPolicy:
         return current
 
     # ------------------------------------------------------------------ kernels
-    def _kernel(self, op: Any, name: str, policy: str) -> Callable:
+    def kernel(self, op: Any, name: str, policy: str) -> Callable:
         spec = _tensor_args(op)
         guard = torch._C._ExcludeDispatchKeyGuard
         no_tf = torch._C.DisableTorchFunction
