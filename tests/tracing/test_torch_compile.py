@@ -181,6 +181,21 @@ for _ in range(2):
     assert any(e.dtype == "bfloat16" for e in compiled.events)
 
 
+def test_bf16_below_compute_capability_8_is_skipped_as_inductor_skips_it():
+    src = """
+import torch
+lin = torch.nn.Linear(256, 256).cuda()
+@torch.compile
+def step(x):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return lin(x)
+step(torch.randn(8, 256, device="cuda"))
+"""
+    t4 = {"name": "Tesla T4", "total_memory": 15_637_086_208, "major": 7, "minor": 5, "multi_processor_count": 40}
+    notes = trace(src, {}, mode="fake", device=t4).meta["notes"]
+    assert any("Inductor does not compile bf16 graphs for this GPU" in n for n in notes), notes
+
+
 def test_compile_eager_equals_the_uncompiled_step():
     tr = trace(MLP, {}, mode="fake", device=H100, compile="eager")
     plain = trace(MLP.replace("torch.compile(model)", "model"), {}, mode="fake", device=H100)
