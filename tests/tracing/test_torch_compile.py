@@ -196,6 +196,34 @@ step(torch.randn(8, 256, device="cuda"))
     assert any("Inductor does not compile bf16 graphs for this GPU" in n for n in notes), notes
 
 
+def test_a_region_checkpointed_inside_a_compiled_call_is_recomputed_as_it_ran():
+    """A checkpointed region that Dynamo leaves to Python inside a compiled call (a Hugging Face
+    layer with gradient checkpointing, under the Trainer's ``torch_compile``) runs its attention
+    as the compiled call does, the target GPU's fused kernel; its recomputation in backward, out
+    of the call, ran the eager handler, which saves other tensors: "A different number of tensors
+    was saved during the original forward and recomputation"."""
+    src = """
+import torch, torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+qkv = torch.nn.Linear(256, 768).cuda()
+def attend(x):
+    q, k, v = qkv(x).view(4, 64, 3, 4, 64).permute(2, 0, 3, 1, 4)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(4, 64, 256)
+@torch.compiler.disable
+def block(x):
+    return checkpoint(attend, x, use_reentrant=False)
+@torch.compile
+def step(x):
+    return block(x.relu()).square().sum()
+step(torch.randn(4, 64, 256, device="cuda", requires_grad=True)).backward()
+"""
+    tr = trace(src, {}, mode="fake", device=H100)
+    fused = [(e.phase == "backward", e.bytes, e.dtype) for e in tr.events
+             if e.kind == "alloc" and e.op == "aten._scaled_dot_product_efficient_attention.default"]
+    forward = [f[1:] for f in fused if not f[0]]
+    assert forward and forward == [f[1:] for f in fused if f[0]]  # recomputed in backward: the same kernel
+
+
 def test_compile_eager_equals_the_uncompiled_step():
     tr = trace(MLP, {}, mode="fake", device=H100, compile="eager")
     plain = trace(MLP.replace("torch.compile(model)", "model"), {}, mode="fake", device=H100)

@@ -131,6 +131,7 @@ The spine, here:
 ``inductor_gpu.py``   the target GPU as Dynamo, Inductor and Triton ask about it while compiling
 ``inductor_autotune.py``  what Inductor's timings allocate at a kernel's first launch
 ``python_autograd.py``  the autograd engine AOTAutograd's joint graph runs through while compiling
+``recomputation.py``  a checkpoint's recomputation where its forward ran (inside a compiled call)
 """
 
 from xmem_engine.tracing.errors import HostMemoryError, TracerError, UnsupportedOpError

@@ -61,6 +61,7 @@ from xmem_engine.tracing.compiler.inductor_gpu import (answering_availability, a
 from xmem_engine.tracing.compiler.mode_stacks import (DYNAMO_KEEPS_DISPATCH_MODES, dispatch_mode_of, hooks_off,
                                                        with_dispatch_mode, without_dispatch_mode,
                                                        without_function_mode)
+from xmem_engine.tracing.compiler.recomputation import recomputed_as_forward_ran
 from xmem_engine.tracing.patches import eager_compiled, patched_attr, patched_item
 
 #: what ``torch.compile`` does under the tracer (``trace(compile=...)``, ``xmem estimate --compile``)
@@ -202,6 +203,7 @@ class CompiledCalls:
         self.unavailable = compile_unavailable()
         self.dispatch: Any | None = None  # the tracer's dispatch mode, seen at the last compiled call
         self.register_fakes: Callable[[], None] = lambda: None  # fake_parameters.py, once installed
+        self.functions_on = False  # inside functions_for_dynamo
 
     # -- what the user calls
     def compile(self, model: Any = None, *, fullgraph: bool = False, dynamic: bool | None = None,
@@ -298,6 +300,7 @@ class CompiledCalls:
             self.stack.enter_context(hooks_run_by_python(self.t))
             self.stack.enter_context(states_made_on_the_virtual_gpu(self.t, lambda: (self.t.fake_mode, self.dispatch)))
             self.register_fakes = self.stack.enter_context(dynamo_sees_library_classes())
+            self.stack.enter_context(recomputed_as_forward_ran(self))
             self.stack.callback(self._forget)
             self.frames_from = len(_frame_compile_times())
             self.installed = True
@@ -340,8 +343,7 @@ class CompiledCalls:
             breaks = _graph_breaks()
             try:
                 self.dispatch = dispatch_mode_of(lambda m: getattr(m, "t", None) is t) or self.dispatch
-                with without_function_mode(mode), without_dispatch_mode(self.hidden), \
-                        _flag(t, "in_dynamo"), hooks_off(t), real_availability(), self.functions_for_dynamo():
+                with self.as_in_a_compiled_call():
                     out = fn(*args, **kwargs)
             except Exception as e:
                 self.raised(where, e)
@@ -355,6 +357,15 @@ class CompiledCalls:
 
         call.__wrapped__ = fn  # type: ignore[attr-defined]
         return call
+
+    @contextlib.contextmanager
+    def as_in_a_compiled_call(self) -> Iterator[None]:
+        """What code runs under inside a compiled call: the device mode off, the functions as
+        Dynamo sees them, the tracer's module hooks off, this machine's answers."""
+        t = self.t
+        with without_function_mode(t.device_mode), without_dispatch_mode(self.hidden), _flag(t, "in_dynamo"), \
+                hooks_off(t), real_availability(), self.functions_for_dynamo():
+            yield
 
     @property
     def hidden(self) -> Any | None:
@@ -391,6 +402,7 @@ class CompiledCalls:
             stack.enter_context(patched_attr(F, "scaled_dot_product_attention", self.attention))
             stack.enter_context(patched_attr(F, "dropout", getattr(F.dropout, "__wrapped__", F.dropout)))
             stack.enter_context(python_autograd.while_dynamo_traces())
+            stack.enter_context(_flag(self, "functions_on"))
             yield
 
     def on_gpu(self, model: Any, args: tuple, kwargs: dict) -> bool:
