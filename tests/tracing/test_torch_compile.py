@@ -224,6 +224,27 @@ step(torch.randn(4, 64, 256, device="cuda", requires_grad=True)).backward()
     assert forward and forward == [f[1:] for f in fused if f[0]]  # recomputed in backward: the same kernel
 
 
+def test_dropout_in_a_checkpointed_region_compiles_with_its_rng_state_saved():
+    """Dropout inside a checkpointed region, compiled (GPT-2 under the Trainer's
+    ``torch_compile`` and ``gradient_checkpointing``): the partitioner keeps the RNG state for
+    its recomputation. Its graph-safe form asks the CUDA generators, which a machine without a
+    driver lacks ("tuple index out of range": the graph ran eagerly); saved as a state tensor
+    instead, CUDA's 16 bytes, the step compiles."""
+    src = """
+import torch, torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+lin = torch.nn.Linear(256, 256).cuda()
+@torch.compile
+def step(x):
+    return checkpoint(lambda t: F.dropout(lin(t), 0.1, training=True), x, use_reentrant=False).sum()
+step(torch.randn(64, 256, device="cuda", requires_grad=True)).backward()
+"""
+    tr = trace(src, {}, mode="fake", device=H100)
+    info = tr.meta["compile"]
+    assert info["graphs"] == 1 and info["backward_graphs"] == 1
+    assert not any("failed" in n for n in tr.meta["notes"]), tr.meta["notes"]
+
+
 def test_compile_eager_equals_the_uncompiled_step():
     tr = trace(MLP, {}, mode="fake", device=H100, compile="eager")
     plain = trace(MLP.replace("torch.compile(model)", "model"), {}, mode="fake", device=H100)

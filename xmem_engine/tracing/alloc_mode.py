@@ -60,6 +60,11 @@ def _fake_exceptions() -> tuple[type[BaseException], ...]:
 
 _PRIM_DEVICE = torch.ops.prim.device.default
 _SCALAR = torch.ops.aten._local_scalar_dense.default
+try:  # the partitioner's RNG ops for a checkpointed region's dropout: (save the state and run, run with it)
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+    _RNG_STATE_OPS: tuple = (run_and_save_rng_state, run_with_rng_state)
+except ImportError:  # pragma: no cover - an older torch
+    _RNG_STATE_OPS = ()
 
 
 # Outputs that stay on the host when the op runs on CUDA (by position among the op's tensors).
@@ -169,6 +174,25 @@ class AllocMode(TorchDispatchMode):
         only the compiled artifact's runtime ops come here (``torch_compile.py``)."""
         return True
 
+    def _rng_state_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The partitioner's RNG ops around a checkpointed region's dropout, recomputed in backward
+        (``run_and_save_rng_state(op, ...)``, ``run_with_rng_state(state, op, ...)``): the state
+        is the GPU's, CUDA's 16 bytes (philox seed and offset: ``torch.cuda.get_rng_state``), not
+        the host generator's that the CPU kernel these tensors reach would save; the op is seen."""
+        saving = func is _RNG_STATE_OPS[0]
+        op, rest = (args[0], args[1:]) if saving else (args[1], args[2:])
+        on_gpu = [a for a in rest if isinstance(a, torch.device) and a.type == "cuda"]  # Inductor's seeds
+        rest = tuple(CPU if isinstance(a, torch.device) and a.type == "cuda" else a for a in rest)
+        tr, saved = self.t, self.t.scope
+        if on_gpu:
+            tr.scope = CallScope(Device.GPU, False, rest, None, saved.category)
+        try:
+            with self:
+                out = op(*rest, **kwargs)
+        finally:
+            tr.scope = saved
+        return (torch.cuda.get_rng_state(), out) if saving else out
+
     def _between_graphs(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
         """An op of the code Dynamo leaves to Python inside a compiled call (a
         ``torch.compiler.disable``d function, a custom op and its fake kernel, the call at a graph
@@ -195,6 +219,8 @@ class AllocMode(TorchDispatchMode):
             dev = getattr(args[0], "fake_device", None)
             if dev is not None:
                 return dev
+        if isinstance(func, torch._ops.HigherOrderOperator) and func in _RNG_STATE_OPS and not self.t.compiling:
+            return self._rng_state_op(func, args, kwargs or {})
         if self.t.compiling or isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **(kwargs or {}))  # (a compiler's own ops on its own fake tensors: Inductor's lazy backward)
         if self.t.in_dynamo:

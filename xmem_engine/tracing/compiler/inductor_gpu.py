@@ -314,6 +314,14 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
             if hasattr(icfg, key):
                 stack.enter_context(icfg.patch(key, value))
         stack.enter_context(icfg.patch("triton.cudagraphs", False))
+        # A checkpointed region's dropout, recomputed in backward: the GPU keeps its RNG state in
+        # generator objects passed to the graphs ("graph-safe"); there are none without a driver
+        # (torch.cuda.default_generators is empty: "tuple index out of range" while partitioning).
+        # Saved as a state tensor instead: 16 host bytes per op, no GPU memory either way.
+        import torch._functorch.config as fcfg
+
+        if hasattr(fcfg, "graphsafe_rng_functionalization"):
+            stack.enter_context(fcfg.patch("graphsafe_rng_functionalization", False))
         flush = flush_bytes(p.L2_cache_size)
         P(NoopKernel, "flush", flush)
         P(NoopKernel, "on_written", staticmethod(on_written))
