@@ -5,17 +5,10 @@ attention's ``BlockMask``s. The decode steps made from their pattern
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 # skips this module too where Unsloth is not installed
-from tests.unsloth_notebook.test_unsloth_generate import _CHILD, FIELDS
-from tests.unsloth_notebook.test_unsloth_qlora import ROOT
+from tests.unsloth_notebook.test_unsloth_generate import _trace_in_child
 
 SCRIPT = '''
 from unsloth import FastModel
@@ -46,21 +39,11 @@ assert out.shape == (1, 5 + 80), out.shape
 '''
 
 
-def _trace_in_child(work: Path, replay: str) -> dict:
-    work.mkdir()
-    (work / "script.py").write_text(SCRIPT)
-    # one hash seed: generate() makes the masks of a set of layer types, in the set's order
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "XMEM_REPLAY_DECODE": replay, "PYTHONHASHSEED": "0"}
-    run = subprocess.run([sys.executable, "-c", f"FIELDS = {FIELDS!r}" + _CHILD], cwd=work, env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("unsloth_gemma3_generate")
-    return {flag: _trace_in_child(base / flag, flag) for flag in ("1", "0")}
+    # one hash seed: generate() makes the masks of a set of layer types, in the set's order
+    return {flag: _trace_in_child(base / flag, flag, SCRIPT, PYTHONHASHSEED="0") for flag in ("1", "0")}
 
 
 def test_gemma3_decode_steps_with_block_masks_are_made_and_are_the_real_ones(traces):

@@ -51,10 +51,10 @@ print(json.dumps({"rows": rows, "notes": notes, "gemm_into": gen(tr.meta.get("ge
 """
 
 
-def _trace_in_child(work: Path, replay: str) -> dict:
+def _trace_in_child(work: Path, replay: str, script: str | None = None, **env_extra: str) -> dict:
     work.mkdir()
-    (work / "script.py").write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "XMEM_REPLAY_DECODE": replay}
+    (work / "script.py").write_text(SCRIPT if script is None else script)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XMEM_REPLAY_DECODE": replay, **env_extra}
     run = subprocess.run([sys.executable, "-c", f"FIELDS = {FIELDS!r}" + _CHILD], cwd=work, env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
