@@ -133,12 +133,8 @@ def test_a_compiled_transformer_allocates_as_inductors_output_code_says():
     assert any("ran eagerly (asked: --compile eager)" in n for n in eager.meta["notes"])
 
 
-def test_an_autocast_region_inside_the_compiled_code_stays_on():
-    """A training step compiled whole, its autocast region inside it: AOTAutograd traces the
-    graph's ``_enter_autocast`` while xmem compiles, when this machine's answer to
-    ``torch.cuda.is_available()`` holds, and torch disabled the region ("CUDA is not available
-    ... Disabling autocast"): the matmuls ran in float32. As on a GPU, they run in bfloat16."""
-    src = """
+# a step compiled whole, its bf16 autocast region inside the compiled function
+AUTOCAST_STEP = """
 import torch
 lin = torch.nn.Linear(1024, 1024).cuda()
 @torch.compile
@@ -148,10 +144,17 @@ def step(x):
 out = step(torch.randn(64, 1024, device="cuda"))
 bf16 = out.dtype == torch.bfloat16
 """
+
+
+def test_an_autocast_region_inside_the_compiled_code_stays_on():
+    """A training step compiled whole, its autocast region inside it: AOTAutograd traces the
+    graph's ``_enter_autocast`` while xmem compiles, when this machine's answer to
+    ``torch.cuda.is_available()`` holds, and torch disabled the region ("CUDA is not available
+    ... Disabling autocast"): the matmuls ran in float32. As on a GPU, they run in bfloat16."""
     ns: dict = {}
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        tr = trace(src, ns, mode="fake", device=H100)
+        tr = trace(AUTOCAST_STEP, ns, mode="fake", device=H100)
     assert not [w for w in said if "Disabling autocast" in str(w.message)]
     assert ns["bf16"] and tr.meta["compile"]["graphs"] == 1
     made = {(tuple(e.shape), str(e.dtype)) for e in tr.events if e.kind == "alloc" and e.op == "aten.empty_strided.default"}
@@ -182,17 +185,8 @@ for _ in range(2):
 
 
 def test_bf16_below_compute_capability_8_is_skipped_as_inductor_skips_it():
-    src = """
-import torch
-lin = torch.nn.Linear(256, 256).cuda()
-@torch.compile
-def step(x):
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        return lin(x)
-step(torch.randn(8, 256, device="cuda"))
-"""
     t4 = {"name": "Tesla T4", "total_memory": 15_637_086_208, "major": 7, "minor": 5, "multi_processor_count": 40}
-    notes = trace(src, {}, mode="fake", device=t4).meta["notes"]
+    notes = trace(AUTOCAST_STEP, {}, mode="fake", device=t4).meta["notes"]
     assert any("Inductor does not compile bf16 graphs for this GPU" in n for n in notes), notes
 
 

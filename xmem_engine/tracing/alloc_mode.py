@@ -181,7 +181,7 @@ class AllocMode(TorchDispatchMode):
         the host generator's that the CPU kernel these tensors reach would save; the op is seen."""
         saving = func is _RNG_STATE_OPS[0]
         op, rest = (args[0], args[1:]) if saving else (args[1], args[2:])
-        on_gpu = [a for a in rest if isinstance(a, torch.device) and a.type == "cuda"]  # Inductor's seeds
+        on_gpu = any(isinstance(a, torch.device) and a.type == "cuda" for a in rest)  # Inductor's seeds
         rest = tuple(CPU if isinstance(a, torch.device) and a.type == "cuda" else a for a in rest)
         tr, saved = self.t, self.t.scope
         if on_gpu:
@@ -219,10 +219,12 @@ class AllocMode(TorchDispatchMode):
             dev = getattr(args[0], "fake_device", None)
             if dev is not None:
                 return dev
-        if isinstance(func, torch._ops.HigherOrderOperator) and func in _RNG_STATE_OPS and not self.t.compiling:
-            return self._rng_state_op(func, args, kwargs or {})
-        if self.t.compiling or isinstance(func, torch._ops.HigherOrderOperator):
-            return func(*args, **(kwargs or {}))  # (a compiler's own ops on its own fake tensors: Inductor's lazy backward)
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            if func in _RNG_STATE_OPS and not self.t.compiling:
+                return self._rng_state_op(func, args, kwargs or {})
+            return func(*args, **(kwargs or {}))
+        if self.t.compiling:  # a compiler's own ops on its own fake tensors (Inductor's lazy backward)
+            return func(*args, **(kwargs or {}))
         if self.t.in_dynamo:
             return self._between_graphs(func, types, args, kwargs or {})
         top = torch._C._len_torch_function_stack()

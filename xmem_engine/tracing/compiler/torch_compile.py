@@ -485,13 +485,11 @@ class VirtualGPUBackend:
                 raise  # Dynamo restarting its analysis (e.g. with a scalar made a tensor): not a failure
             if os.environ.get("XMEM_DEBUG_COMPILE"):
                 traceback.print_exc()
-            if "BF16 is not supported" in str(e):  # Inductor's SkipFrame, below compute capability 8
-                rec.failures.append(f"torch.compile at {self.where}: Inductor does not compile bf16 graphs for "
-                                    "this GPU (no native bf16: on the GPU it skips them too, warning '... does not "
-                                    "support bfloat16 compilation natively, skipping'); that graph ran eagerly")
-                return self.calls.runtime(gm.forward)
-            rec.failures.append(f"torch.compile at {self.where}: compiling for the target GPU failed "
-                                f"({_said(e)}); that graph ran eagerly")
+            why = ("Inductor does not compile bf16 graphs for this GPU (no native bf16: on the GPU it skips them "
+                   "too, warning '... does not support bfloat16 compilation natively, skipping')"
+                   if "BF16 is not supported" in str(e)  # Inductor's SkipFrame, below compute capability 8
+                   else f"compiling for the target GPU failed ({_said(e)})")
+            rec.failures.append(f"torch.compile at {self.where}: {why}; that graph ran eagerly")
             return self.calls.runtime(gm.forward)
         rec.graphs += 1
         rec.backends.add(self.name)
