@@ -222,3 +222,27 @@ def test_a_dead_storage_s_symbolic_guess_is_not_the_next_one_s_at_its_address():
     loss = torch.zeros(1).untyped_storage()  # a storage that is no sum over the batch, at that address
     g._keep(loss, key, torch.ones(1).untyped_storage())
     assert key not in g.from_symbol
+
+
+METRICS_STEP = """
+import numpy as np
+import torch
+model = torch.nn.Linear(256, 4096).cuda()
+logits = model(torch.randn(512, 256, device="cuda"))   # 8 MiB of predictions: too big to stand in for
+preds = logits.detach().cpu().numpy()                   # as a Trainer's eval loop hands them to compute_metrics
+labels = np.zeros(512, dtype=np.int64)
+accuracy = float((preds.argmax(-1) == labels).mean())
+preds[preds < 0] = 0                                    # metrics code writes into them too
+shape, dtype = preds.shape, str(preds.dtype)
+kept = logits * 2
+"""
+
+
+def test_numpy_of_a_large_unknown_tensor_is_zeros_and_stays_in_fake_mode():
+    ns: dict = {}
+    fake = trace(METRICS_STEP, ns, mode="auto")
+    assert fake.mode == "fake" and "fallback" not in fake.meta
+    assert (ns["shape"], ns["dtype"], ns["accuracy"]) == ((512, 4096), "float32", 1.0)
+    (g,) = [g for g in fake.meta["guesses"] if g["what"].startswith("Tensor.numpy()")]
+    assert (g["where"], g["kind"]) == ("<cell>:6", "rule") and g["value"].startswith("zeros (512 x 4096, float32")
+    assert alloc_stream(fake) == alloc_stream(trace(METRICS_STEP, {}, mode="real"))

@@ -402,6 +402,24 @@ class Guesses:
             value = fn(r)
         return self.decide(what, value)
 
+    def host_array(self, what: str, t: torch.Tensor) -> Any:
+        """``t.numpy()`` for a large host tensor nothing is known of (a Trainer's predictions,
+        gathered for ``compute_metrics``): zeros, noted. ``np.zeros`` maps pages lazily, so
+        code that reads the array (an ``argmax`` over the logits) costs the host no memory
+        for it; before, such a read sent the whole script to real mode."""
+        import numpy as np
+
+        if not all(type(s) is int for s in t.shape):  # sized by a symbolic batch: read at the traced size
+            batch = getattr(getattr(self.fake_mode, "shape_env", None), "xmem_batch", None)
+            if batch is not None:
+                batch.pin(f"{user_frame(3) or library_frame(3)}: {what} of a tensor sized by the batch")
+        shape = tuple(int(hint(s)) for s in t.shape)
+        with bare():
+            dtype = torch.empty((), dtype=t.dtype).numpy().dtype
+        self.decide(what, f"zeros ({' x '.join(map(str, shape)) or 'scalar'}, {dtype}: the values of a large "
+                          "tensor, in host memory only as they are written)", kind="rule")
+        return np.zeros(shape, dtype=dtype)
+
     def _surrogate_read(self, t: torch.Tensor) -> torch.Tensor | None:
         """:meth:`surrogate` for a value the code reads: one guessed from a symbolic batch's
         size (a sum over it) holds at the traced size only, so the symbol is pinned there
