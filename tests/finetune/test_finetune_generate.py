@@ -7,6 +7,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from tests.tracing.test_shadow_values import alloc_stream  # noqa: E402
 from xmem_engine.tracing import trace  # noqa: E402
 
 GENERATE = """
@@ -187,3 +188,34 @@ def test_whole_rows_undoes_a_column_crop_only():
     assert whole_rows(x.t(), 9) .shape == (6, 4)  # rows not contiguous
     beams = torch.arange(2 * 3 * 5).view(2, 3, 5)[:, :1, :].reshape(2, 5)[:, :2]  # rows 15 apart
     assert torch.equal(whole_rows(beams, 5), torch.tensor([[0, 1, 2, 3, 4], [15, 16, 17, 18, 19]]))
+
+
+def test_generate_in_a_thread_with_a_streamer_is_traced_as_in_the_code_s_own():
+    """A chat demo's form: ``generate`` in a thread, its tokens read from a
+    ``TextIteratorStreamer`` in the main one (a streamer takes one sequence). The thread ran
+    outside the trace's modes and stopped at its first value read, leaving the main thread
+    waiting for ever."""
+    one = CACHE.replace(f"({B}, {P})", f"(1, {P})").replace("=NEW", f"={NEW}").replace("KW", "do_sample=False")
+    threaded = one.replace("with torch.no_grad():\n    out = model.generate(", """
+from threading import Thread
+from transformers import TextIteratorStreamer
+
+class Tokenizer:  # what a streamer asks of one
+    def decode(self, ids, **kwargs):
+        return " ".join(f"t{i}" for i in ids) + " "
+
+streamer = TextIteratorStreamer(Tokenizer(), skip_prompt=True, timeout=120)
+outs = []
+thread = Thread(target=lambda **kw: outs.append(model.generate(**kw)), kwargs=dict(streamer=streamer,""")
+    threaded = threaded.replace("do_sample=False)\nshape = tuple(out.sequences.shape)", """do_sample=False))
+thread.start()
+text = "".join(streamer)
+thread.join()
+words = len(text.split())
+shape = tuple(outs[0].sequences.shape)""")
+    ns: dict = {}
+    tr = trace(threaded, ns, mode="fake")
+    assert tr.mode == "fake" and ns["shape"] == (1, P + NEW) and ns["words"] == NEW
+    same_thread = trace(one, {}, mode="fake")
+    assert alloc_stream(tr) == alloc_stream(same_thread)
+    assert all(len(_cache_allocs(tr, 1, t)) >= 2 * L for t in range(P, P + NEW))  # the cache, token by token

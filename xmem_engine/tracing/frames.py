@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import threading
 import traceback
 import types
 from typing import Any, Callable
@@ -52,15 +53,21 @@ def op_name(func: Any) -> str:
     return name
 
 
+#: per thread, the user's line that started it (``shims/threads.py``): a thread whose target is a
+#: library's (``Thread(target=model.generate)``) has no user frame of its own
+thread_origin = threading.local()
+
+
 def user_frame(depth: int = 2) -> str:
-    """``file:line`` of the innermost frame of user code (not torch, not xmem, not stdlib)."""
+    """``file:line`` of the innermost frame of user code (not torch, not xmem, not stdlib); in a
+    thread with none, the line that started the thread."""
     f: types.FrameType | None = sys._getframe(depth)
     while f is not None:
         fn = f.f_code.co_filename
         if is_user_file(fn):
             return f"{fn}:{f.f_lineno}"
         f = f.f_back
-    return ""
+    return getattr(thread_origin, "where", "")
 
 
 def library_frame(depth: int = 2) -> str:
