@@ -798,3 +798,27 @@ print("sum", buf.sum().item())
     t = trace(src, {}, mode="fake", device=H100)
     assert t.meta["compile"]["graphs"] == 1
     assert capsys.readouterr().out.split() == ["sum", "8.0"]
+
+
+def test_a_compiled_copy_to_pinned_host_memory_allocates_on_the_host():
+    """A compiled ``.to("cpu", non_blocking=True)`` (transformers' static-cache ``generate``
+    with a compiled forward makes one) is an ``empty_strided_cpu_pinned`` buffer in Inductor's
+    wrapper, which asked the driver to pin it ("Found no NVIDIA driver"). Pinned memory is the
+    host's: the GPU's allocations are the device buffers only."""
+    src = """
+import torch
+@torch.compile
+def f(x):
+    y = x * 2
+    return y.to("cpu", non_blocking=True), y.sum()
+x = torch.randn(1024, 1024, device="cuda")
+host, total = f(x)
+where = (host.device.type, total.device.type, tuple(host.shape))
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake", device=H100)
+    assert ns["where"] == ("cpu", "cuda", (1024, 1024))
+    # x, y, (torch 2.10: the cache-flush buffer of the reduction's autotuning,) the sum's two
+    # stages (128 partial sums, then the scalar): nothing for the host copy
+    allocs = [e.bytes for e in tr.events if e.kind == "alloc"]
+    assert allocs[:2] == [4 << 20, 4 << 20] and allocs[-2:] == [128 * 4, 4] and len(allocs) <= 5, allocs

@@ -153,6 +153,8 @@ def virtualize_wrapper(mod: types.ModuleType) -> None:
     # Under the device mode this is a recorded allocation on the virtual GPU.
     g["empty_strided_cuda"] = lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype, device="cuda")
     g["get_raw_stream"] = lambda index=0: 0
+    if "empty_strided_cpu_pinned" in g:  # a compiled .to("cpu", non_blocking=True): host memory, pinned by the driver
+        g["empty_strided_cpu_pinned"] = lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype)
     # The C++ helper builds a raw TensorImpl over the storage (a meta tensor, for a fake one).
     g["reinterpret_tensor"] = lambda base, size, stride, offset: torch.as_strided(
         base, size, stride, base.storage_offset() + offset)
