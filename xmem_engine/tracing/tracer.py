@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.nn.parameter import UninitializedTensorMixin
+from torch.utils.weak import WeakIdKeyDictionary
 
 from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.trace import ALLOC, EMPTY_CACHE, FREE, ITERATION, PHASE, RECORD_STREAM, RESET_PEAK, Category, Phase, TraceEvent
@@ -157,16 +158,15 @@ class Tracer:
         # ops through)
         self.compile_mode = "inductor"
         self.compiled: Any = None  # torch_compile.CompileRecord, while recording
-        self.in_dynamo = False
-        self.compiling = False
+        self.in_dynamo = self.compiling = False
         self.module_types: dict[str, str] = {}  # module path -> class name ("layers.0.mlp.fc1" -> "Linear")
         self._next_id = 0
-        self._param_module: dict[int, str] = {}  # id(parameter) -> path of the module owning it
+        self._param_module = WeakIdKeyDictionary()  # parameter -> its module's path (weakly: no stale ids)
         self._module_stack: list[str] = []
         self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._roots: weakref.WeakSet = weakref.WeakSet()
         self._optimizers: weakref.WeakSet = weakref.WeakSet()
-        self._root_labels: dict[int, str] = {}
+        self._root_labels = WeakIdKeyDictionary()  # root module -> its label
         # Module of each autograd node, by sequence number: the innermost module running
         # when sequence numbers from _seq_bounds[i] on were handed out is _seq_paths[i].
         self._seq_bounds: list[int] = []
@@ -238,7 +238,7 @@ class Tracer:
 
     def register_root(self, module: torch.nn.Module, label: str) -> None:
         """Name a top-level module (its own ops are labelled ``label``)."""
-        self._root_labels[id(module)] = label
+        self._root_labels[module] = label
 
     # ------------------------------------------------------------------ state
     def _new_id(self) -> int:
@@ -304,7 +304,7 @@ class Tracer:
         for m in modules:
             for name, p in m.named_parameters():
                 owner = name.rpartition(".")[0]
-                self._param_module[id(p)] = owner
+                self._param_module[p] = owner
                 self._upgrade(p, Category.PARAMETER, owner)
                 self._upgrade(p.grad, Category.GRADIENT, owner)
             for name, b in m.named_buffers():
@@ -313,12 +313,12 @@ class Tracer:
     def classify_optimizer(self, opt: torch.optim.Optimizer) -> None:
         for g in opt.param_groups:
             for p in g["params"]:
-                owner = self._param_module.get(id(p), "")
+                owner = self._param_module.get(p, "")
                 self._upgrade(p, Category.PARAMETER, owner)
                 self._upgrade(p.grad, Category.GRADIENT, owner)
         for p, s in opt.state.items():
             if isinstance(s, dict):
-                owner = self._param_module.get(id(p), "")
+                owner = self._param_module.get(p, "")
                 for v in s.values():
                     if isinstance(v, torch.Tensor):
                         self._upgrade(v, Category.OPTIMIZER_STATE, owner)
@@ -521,7 +521,7 @@ class Tracer:
 
     def _root_forward(self, module: torch.nn.Module) -> None:
         if module not in self._names:
-            label = self._root_labels.get(id(module), type(module).__name__)
+            label = self._root_labels.get(module, type(module).__name__)
             for name, m in module.named_modules():
                 if m not in self._names:
                     self._names[m] = name or label
