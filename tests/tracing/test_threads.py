@@ -4,6 +4,7 @@ instead of leaving the code's own thread waiting for it (shims/threads.py)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import torch
@@ -74,3 +75,31 @@ def test_a_stop_in_a_thread_ends_the_trace_and_auto_runs_it_real(monkeypatch):
     ns: dict = {}
     tr = trace(STOPPED_IN_A_THREAD, ns, mode="auto")
     assert tr.mode == "real" and "loop" in tr.meta["fallback"] and 10 <= ns["halvings"] <= 12
+
+
+POOL = """
+from concurrent.futures import ThreadPoolExecutor
+import torch
+model = torch.nn.Linear(1024, 1024).cuda()
+import sys
+sys.xmem_test_pool = ThreadPoolExecutor(max_workers=1)   # a pool that outlives the trace
+
+def step(n):
+    with torch.no_grad():
+        return model(torch.randn(n, 1024, device="cuda")).shape[0]
+
+sizes = [f.result() for f in [sys.xmem_test_pool.submit(step, n) for n in (8, 16)]]
+"""
+
+
+def test_a_pool_s_tasks_run_in_the_trace_and_its_workers_stay_clean_after():
+    ns: dict = {}
+    tr = trace(POOL, ns, mode="fake")
+    assert ns["sizes"] == [8, 16] and [e.bytes for e in tr.events if e.kind == "alloc"][-4:] == [8 * 4096] * 2 + [16 * 4096] * 2
+    pool = sys.__dict__.pop("xmem_test_pool")
+    try:  # the worker started in the trace: a real tensor, no mode left on it
+        stacks = pool.submit(lambda: (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack(),
+                                      type(torch.ones(2) * 2).__name__)).result()
+    finally:
+        pool.shutdown()
+    assert stacks == (0, 0, "Tensor")

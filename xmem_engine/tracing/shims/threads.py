@@ -11,7 +11,9 @@ A thread that ends on one of xmem's own stops (:class:`NeedsRealValues`, a trace
 last iteration reached) ends the trace too: the tracing thread, often blocked on that thread's
 queue, is interrupted and the thread's stop is raised there (in ``auto`` mode, the real-mode
 run). Daemon threads without a target are service loops that outlive the cell (tqdm's monitor)
-and run no traced code: they are left alone, so that no mode outlives the trace in them.
+and run no traced code: they are left alone, so that no mode outlives the trace in them. A thread
+pool's workers can outlive it too (a library's pool, made on first use): there each task
+submitted while tracing runs in the modes, not the worker.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import thread as futures_thread
 from typing import Any, Callable, Iterator
 
 import torch
@@ -66,13 +70,26 @@ def threads_in_the_trace() -> Iterator[None]:
     original_start = threading.Thread.start
 
     def start(thread: threading.Thread) -> None:
-        if getattr(thread, "_target", None) is not None or not thread.daemon:
+        target = getattr(thread, "_target", None)
+        if target is not futures_thread._worker and (target is not None or not thread.daemon):
             thread.run = _run_in_modes(thread.run, *mode_stacks(), stopped, tracing,  # type: ignore[method-assign]
                                        user_frame(2))
         original_start(thread)
 
+    def submit(executor: ThreadPoolExecutor, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        function, dispatch = mode_stacks()
+        where = user_frame(2)
+
+        def call_in_modes(*a: Any, **k: Any) -> Any:  # a stop reaches the caller through the future
+            thread_origin.where = where
+            with in_modes(function, dispatch):
+                return fn(*a, **k)
+
+        return original_submit(executor, call_in_modes, *args, **kwargs)
+
+    original_submit = ThreadPoolExecutor.submit
     try:
-        with patched_attr(threading.Thread, "start", start):
+        with patched_attr(threading.Thread, "start", start), patched_attr(ThreadPoolExecutor, "submit", submit):
             yield
     except KeyboardInterrupt:
         if stopped:  # the interrupt was ours: the thread's stop is the trace's
