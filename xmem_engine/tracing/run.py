@@ -74,6 +74,7 @@ from xmem_engine.tracing.fake.out_metas import out_variant_metas
 from xmem_engine.tracing.fake.shadow_values import Shadows
 from xmem_engine.tracing.compiler.torch_compile import COMPILE_MODES, CompiledCalls, standing_in_for_main
 from xmem_engine.tracing.tracer import Tracer
+from xmem_engine.tracing.shims.profiler import profiler_on_the_host
 from xmem_engine.tracing.shims.threads import threads_in_the_trace
 from xmem_engine.tracing.shims.triton_launches import triton_launches
 from xmem_engine.tracing.shims.unsloth_checks import unsloth_checks
@@ -433,6 +434,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(data_parallel_on_gpu())  # nn.DataParallel's scatter / gather (C++ only)
         stack.enter_context(flash_attn_on_gpu(tracer))  # FlashAttention-2's package, stood in for
         stack.enter_context(threads_in_the_trace())  # a thread the code starts runs in the trace's modes
+        stack.enter_context(profiler_on_the_host(tracer))  # torch.profiler: no CUDA activity to time
         if tracer.fake:
             # FakeTensorMode logs every failing meta kernel (a user's shape error) with a
             # traceback of its own; the error itself reaches the user's code.
