@@ -818,7 +818,7 @@ where = (host.device.type, total.device.type, tuple(host.shape))
     ns: dict = {}
     tr = trace(src, ns, mode="fake", device=H100)
     assert ns["where"] == ("cpu", "cuda", (1024, 1024))
-    # x, y, (torch 2.10: the cache-flush buffer of the reduction's autotuning,) the sum's two
-    # stages (128 partial sums, then the scalar): nothing for the host copy
+    # x and y; the sum (split in two stages or not, and on torch 2.10 its autotuning's cache-flush
+    # buffer, as its configs go): nothing of y's size for the host copy
     allocs = [e.bytes for e in tr.events if e.kind == "alloc"]
-    assert allocs[:2] == [4 << 20, 4 << 20] and allocs[-2:] == [128 * 4, 4] and len(allocs) <= 5, allocs
+    assert allocs[:2] == [4 << 20, 4 << 20] and allocs.count(4 << 20) == 2 and allocs[-1] == 4, allocs
