@@ -818,7 +818,8 @@ where = (host.device.type, total.device.type, tuple(host.shape))
     ns: dict = {}
     tr = trace(src, ns, mode="fake", device=H100)
     assert ns["where"] == ("cpu", "cuda", (1024, 1024))
-    # x and y; the sum (split in two stages or not, and on torch 2.10 its autotuning's cache-flush
-    # buffer, as its configs go): nothing of y's size for the host copy
+    # x and y (or a pool holding y, where a test before turned memory planning on); the sum, split
+    # in two stages or not, and on torch 2.10 its autotuning's 40 MiB cache-flush buffer, as the
+    # configs go: nothing of y's size for the host copy
     allocs = [e.bytes for e in tr.events if e.kind == "alloc"]
-    assert allocs[:2] == [4 << 20, 4 << 20] and allocs.count(4 << 20) == 2 and allocs[-1] == 4, allocs
+    assert sum(4 << 20 <= b < 8 << 20 for b in allocs) == 2 and allocs[-1] == 4, allocs

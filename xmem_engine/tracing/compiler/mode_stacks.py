@@ -22,20 +22,26 @@ DYNAMO_KEEPS_DISPATCH_MODES = hasattr(python_dispatch, "is_in_any_mode_without_i
 
 
 @contextlib.contextmanager
-def without_function_mode(mode: Any) -> Iterator[None]:
-    """The torch-function mode stack without ``mode`` (the others keep their order)."""
+def function_stack(modes: list[Any]) -> Iterator[None]:
+    """This thread's torch-function mode stack replaced by ``modes`` (innermost last) for the
+    block, put back as it was after. The modes are pushed as they are, not entered."""
     n = torch._C._len_torch_function_stack()
-    modes = [torch._C._pop_torch_function_stack() for _ in range(n)][::-1]
+    before = [torch._C._pop_torch_function_stack() for _ in range(n)][::-1]
     for m in modes:
-        if m is not mode:
-            torch._C._push_on_torch_function_stack(m)
+        torch._C._push_on_torch_function_stack(m)
     try:
         yield
     finally:
         for _ in range(torch._C._len_torch_function_stack()):
             torch._C._pop_torch_function_stack()
-        for m in modes:
+        for m in before:
             torch._C._push_on_torch_function_stack(m)
+
+
+def without_function_mode(mode: Any) -> contextlib.AbstractContextManager[None]:
+    """The torch-function mode stack without ``mode`` (the others keep their order)."""
+    n = torch._C._len_torch_function_stack()
+    return function_stack([m for m in (torch._C._get_function_stack_at(i) for i in range(n)) if m is not mode])
 
 
 def dispatch_mode_of(which: Callable[[Any], bool]) -> Any | None:

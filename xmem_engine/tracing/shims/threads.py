@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.utils._python_dispatch as python_dispatch
 
+from xmem_engine.tracing.compiler.mode_stacks import function_stack
 from xmem_engine.tracing.errors import NeedsRealValues, StopTracing, TracerError
 from xmem_engine.tracing.frames import thread_origin, user_frame
 from xmem_engine.tracing.patches import patched_attr
@@ -50,13 +51,10 @@ def in_modes(function: list[Any], dispatch: list[Any]) -> Iterator[None]:
     own that two threads would interleave."""
     for m in dispatch:
         python_dispatch._push_mode(m)
-    for m in function:
-        torch._C._push_on_torch_function_stack(m)
     try:
-        yield
+        with function_stack(function):
+            yield
     finally:
-        for _ in range(torch._C._len_torch_function_stack()):
-            torch._C._pop_torch_function_stack()
         for _ in range(torch._C._len_torch_dispatch_stack()):
             python_dispatch._pop_mode()
 
