@@ -60,7 +60,7 @@ class Pass:
     trained_after: list[bool] = field(default_factory=list)
     failure: str | None = None  # a later pass's error, said in the notes instead of failing the cell
     _current: int = -1
-    _names: dict[str, int] = field(default_factory=dict)
+    _names: dict[str, weakref.ref] = field(default_factory=dict)  # the builds bound, weakly (ids outlive them)
 
     def runs(self, i: int) -> bool:
         """Whether statement ``i`` runs in this pass (called before it, in order)."""
@@ -87,12 +87,14 @@ class Pass:
         return True
 
     def _observe(self, g: dict) -> None:
-        """What the statement that just ran bound: a model, an optimizer, ... is a build."""
+        """What the statement that just ran bound: a model, an optimizer, ... is a build (a new one
+        at a dead one's address too: ``model = Model()`` again)."""
+        kinds = _builds()
         if self._current >= 0:
-            kinds = _builds()
-            self.builds.append(any(self._names.get(k) != id(v) and isinstance(v, kinds) for k, v in g.items()))
+            self.builds.append(any(isinstance(v, kinds) and (k not in self._names or self._names[k]() is not v)
+                                   for k, v in g.items()))
             self.trained_after.append(bool(getattr(self.tracer, "trained", False)))
-        self._names = {k: id(v) for k, v in g.items()}
+        self._names = {k: weakref.ref(v) for k, v in g.items() if isinstance(v, kinds)}
 
     def _iteration(self) -> int:
         return getattr(self.tracer, "iteration", -1)
