@@ -823,3 +823,26 @@ where = (host.device.type, total.device.type, tuple(host.shape))
     # configs go: nothing of y's size for the host copy
     allocs = [e.bytes for e in tr.events if e.kind == "alloc"]
     assert sum(4 << 20 <= b < 8 << 20 for b in allocs) == 2 and allocs[-1] == 4, allocs
+
+
+def test_a_compiled_torch_func_grad_compiles_whole_with_eager_grad_allowed():
+    """The tracer lets ``torch.func.grad`` run eagerly by a ``disable_saved_tensors_hooks`` of its
+    own (mode_stacks.saved_hooks_yielding); inside a compiled call Dynamo must meet torch's, which
+    it knows by identity: the tracer's was an unsupported call, a graph break, the step eager."""
+    src = """
+import torch, torch.nn as nn
+from torch.func import functional_call, grad_and_value
+model = nn.Linear(1024, 1024).cuda()
+params = {k: v.detach() for k, v in model.named_parameters()}
+def loss_fn(p, x):
+    return functional_call(model, p, (x,)).pow(2).mean()
+x = torch.randn(256, 1024, device="cuda")
+g, v = torch.compile(grad_and_value(loss_fn))(params, x)
+eager, _ = grad_and_value(loss_fn)(params, x)
+shapes = (tuple(g["weight"].shape), tuple(eager["weight"].shape))
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake", device=H100)
+    assert ns["shapes"] == ((1024, 1024), (1024, 1024))
+    assert tr.meta["compile"]["graphs"] == 1 and tr.meta["compile"]["failures"] == 0
+    assert not [n for n in tr.meta["notes"] if "graph break" in n]

@@ -72,6 +72,7 @@ from xmem_engine.tracing.steady import bind as steady_bind, steady_code
 from xmem_engine.tracing.host_memory import ENV as HOST_ENV, HostBudget, HostMemoryExceeded, gib
 from xmem_engine.tracing.fake.out_metas import out_variant_metas
 from xmem_engine.tracing.fake.shadow_values import Shadows
+from xmem_engine.tracing.compiler.mode_stacks import saved_hooks_yielding
 from xmem_engine.tracing.compiler.torch_compile import COMPILE_MODES, CompiledCalls, standing_in_for_main
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.shims.profiler import profiler_on_the_host
@@ -435,6 +436,8 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(flash_attn_on_gpu(tracer))  # FlashAttention-2's package, stood in for
         stack.enter_context(threads_in_the_trace())  # a thread the code starts runs in the trace's modes
         stack.enter_context(profiler_on_the_host(tracer))  # torch.profiler: no CUDA activity to time
+        stack.enter_context(patched_attr(torch.autograd.graph, "disable_saved_tensors_hooks",  # torch.func.grad
+                                         saved_hooks_yielding(tracer, torch.autograd.graph.disable_saved_tensors_hooks)))
         if tracer.fake:
             # FakeTensorMode logs every failing meta kernel (a user's shape error) with a
             # traceback of its own; the error itself reaches the user's code.

@@ -290,7 +290,7 @@ class Tracer:
             for x in inner_tensors(t):
                 self._upgrade(x, category, module)
             return
-        rec = self.live.get(t.untyped_storage()._cdata)
+        rec = self.live.get(storage_key(t))  # (a torch.func transform's wrapper: the tensor it wraps)
         if rec is None or rec.event is None:
             return
         if _RANK[category] > _RANK[rec.event.category]:

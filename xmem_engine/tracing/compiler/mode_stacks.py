@@ -17,6 +17,9 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.utils._python_dispatch as python_dispatch
 
+#: the ``disable_saved_tensors_hooks`` each :func:`hooks_off` set aside, innermost last
+_SET_ASIDE: list[Any] = []
+
 #: whether Dynamo compiles with a dispatch mode that ignores compile internals on the stack
 DYNAMO_KEEPS_DISPATCH_MODES = hasattr(python_dispatch, "is_in_any_mode_without_ignore_compile_internals")
 
@@ -133,9 +136,18 @@ def hooks_off(tracer: Any, off: bool = True) -> Iterator[None]:
         torch._C._autograd._pop_saved_tensors_default_hooks()
     elif not off and not mine:
         torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, unpack_saved)
+    graph, shown = torch.autograd.graph, torch.autograd.graph.disable_saved_tensors_hooks
+    if off:  # torch's own for Dynamo (saved_hooks_yielding), the tracer's set aside
+        _SET_ASIDE.append(shown)
+        graph.disable_saved_tensors_hooks = getattr(shown, "__wrapped__", shown)
+    elif _SET_ASIDE:  # Python run between graphs: the tracer's again
+        graph.disable_saved_tensors_hooks = _SET_ASIDE[-1]
     try:
         yield
     finally:
+        graph.disable_saved_tensors_hooks = shown
+        if off:
+            _SET_ASIDE.pop()
         for d, k, fn, removed in changed:
             if removed:
                 d[k] = fn
@@ -145,3 +157,32 @@ def hooks_off(tracer: Any, off: bool = True) -> Iterator[None]:
             torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, unpack_saved)
         elif not off and not mine:
             torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
+def saved_hooks_yielding(tracer: Any, disable: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``torch.autograd.graph.disable_saved_tensors_hooks`` that first takes the tracer's own
+    saved-tensor hooks off the stack, and puts them back after: ``torch.func``'s ``grad``, ``vjp``
+    and ``jacrev`` run under it and refuse any hook ("don't yet support saved tensor hooks"), so
+    per-sample gradients (``vmap(grad(loss))``) stopped the script; a GPU run has no such hook.
+    (Tensors saved inside the transform are then not marked as activations; their memory is
+    traced as any.) Inside a compiled call :func:`hooks_off` puts the original back: Dynamo knows
+    it by identity, and took this one for an unsupported call (a graph break)."""
+    from xmem_engine.tracing.tracer import unpack_saved
+
+    top_of = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+    @contextlib.contextmanager
+    def disable_saved_tensors_hooks(error_message: str) -> Iterator[None]:
+        top = top_of(True) if top_of is not None else None
+        mine = top is not None and top[0] == tracer._pack
+        if mine:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+        try:
+            with disable(error_message):
+                yield
+        finally:
+            if mine:
+                torch._C._autograd._push_saved_tensors_default_hooks(tracer._pack, unpack_saved)
+
+    disable_saved_tensors_hooks.__wrapped__ = disable  # type: ignore[attr-defined]  # what hooks_off shows Dynamo
+    return disable_saved_tensors_hooks
