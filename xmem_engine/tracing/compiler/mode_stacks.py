@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.utils._python_dispatch as python_dispatch
+from torch.overrides import _get_current_function_mode_stack
 
 #: the ``disable_saved_tensors_hooks`` each :func:`hooks_off` set aside, innermost last
 _SET_ASIDE: list[Any] = []
@@ -43,8 +44,7 @@ def function_stack(modes: list[Any]) -> Iterator[None]:
 
 def without_function_mode(mode: Any) -> contextlib.AbstractContextManager[None]:
     """The torch-function mode stack without ``mode`` (the others keep their order)."""
-    n = torch._C._len_torch_function_stack()
-    return function_stack([m for m in (torch._C._get_function_stack_at(i) for i in range(n)) if m is not mode])
+    return function_stack([m for m in _get_current_function_mode_stack() if m is not mode])
 
 
 def dispatch_mode_of(which: Callable[[Any], bool]) -> Any | None:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.utils._python_dispatch as python_dispatch
+from torch.overrides import _get_current_function_mode_stack
 
 from xmem_engine.tracing.compiler.mode_stacks import function_stack
 from xmem_engine.tracing.errors import NeedsRealValues, StopTracing, TracerError
@@ -40,8 +41,7 @@ TRACE_STOPS = (NeedsRealValues, TracerError, StopTracing, SymbolPinned)
 
 def mode_stacks() -> tuple[list[Any], list[Any]]:
     """This thread's torch-function and torch-dispatch modes, innermost last."""
-    function = [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
-    return function, python_dispatch._get_current_dispatch_mode_stack()
+    return _get_current_function_mode_stack(), python_dispatch._get_current_dispatch_mode_stack()
 
 
 @contextlib.contextmanager
@@ -79,8 +79,7 @@ def threads_in_the_trace() -> Iterator[None]:
         where = user_frame(2)
 
         def call_in_modes(*a: Any, **k: Any) -> Any:  # a stop reaches the caller through the future
-            thread_origin.where = where
-            with in_modes(function, dispatch):
+            with _started_at(where), in_modes(function, dispatch):
                 return fn(*a, **k)
 
         return original_submit(executor, call_in_modes, *args, **kwargs)
@@ -98,9 +97,8 @@ def threads_in_the_trace() -> Iterator[None]:
 def _run_in_modes(run: Callable[[], None], function: list[Any], dispatch: list[Any],
                   stopped: list[BaseException], tracing: int, started_at: str) -> Callable[[], None]:
     def run_in_modes() -> None:
-        thread_origin.where = started_at  # the notes name the line that started the thread
         try:
-            with in_modes(function, dispatch):
+            with _started_at(started_at), in_modes(function, dispatch):
                 run()
         except TRACE_STOPS as e:
             stopped.append(e)
@@ -108,3 +106,14 @@ def _run_in_modes(run: Callable[[], None], function: list[Any], dispatch: list[A
                 signal.pthread_kill(tracing, signal.SIGINT)  # wakes a blocked queue.get() or join()
 
     return run_in_modes
+
+
+@contextlib.contextmanager
+def _started_at(where: str) -> Iterator[None]:
+    """The notes name ``where`` (the line that started the thread or submitted the task) for
+    this thread's guesses, and no longer after: a pool's worker outlives the task."""
+    thread_origin.where = where
+    try:
+        yield
+    finally:
+        del thread_origin.where
