@@ -115,3 +115,36 @@ def test_lightning_checkpoints_write_no_tensors_allocate_nothing_and_load_back(t
     at = next(i for i, line in enumerate((CHECKPOINTED + LOAD_BACK).splitlines(), 1) if line.startswith("trainer.fit"))
     assert any(n.startswith(f"Trainer.fit at <cell>:{at} wrote nothing: 1 torch.save file of 12 fake tensors "
                             f"({3 * params * 4 / 2**20:.1f} MiB)") for n in saved.meta["notes"])
+
+
+COMPILED = MODULE + """
+lit = torch.compile(Lit())
+trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=2, logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(lit, DataLoader(ds, batch_size=64))
+"""
+
+
+def test_a_compiled_lightning_module_compiles_its_training_step_for_the_gpu(tmp_path, monkeypatch):
+    """``Trainer.fit(torch.compile(lit))`` compiles ``training_step`` with the compiled module's
+    Dynamo context (``from_compiled``). It had been compiled for the CPU the traced tensors are on,
+    and Inductor's CPU kernel ran on a fake tensor: the process died of SIGSEGV."""
+    from xmem_engine.tracing.compiler.torch_compile import compile_unavailable
+
+    if compile_unavailable() is not None:
+        pytest.skip(compile_unavailable())
+    monkeypatch.chdir(tmp_path)
+    tr = trace(COMPILED, {}, mode="fake")
+    info = tr.meta["compile"]
+    assert info["graphs"] >= 1 and info["backward_graphs"] >= 1 and info["failures"] == 0
+    assert all("tangents_" in open(p).read() or "empty_strided_cuda" in open(p).read() for p in info["wrappers"])
+    line = next(i for i, s in enumerate(COMPILED.splitlines(), 1) if s.startswith("lit = torch.compile"))
+    # named by the user's line, not by Lightning's wrapper of torch.compile (lightning/fabric/wrappers.py)
+    assert info["where"] == [f"<cell>:{line}"]
+    # the compiled training_step is each step's forward (its allocations had had no step, no phase)
+    got = _by(tr, "iteration", "phase", "category")
+    for it in ("0", "1"):
+        assert got[(it, "forward", "activation")] >= 64 * (512 + 2048) * 2
+        assert got[(it, "backward", "gradient")] == 4 * (512 * 2048 + 2048 + 2048 * 512 + 512)
+    assert got[("0", "optimizer", "optimizer_state")] == 2 * got[("0", "backward", "gradient")]
+    assert {it for it, _, _ in got} == {"-1", "0", "1"} and got[("-1", "other", "other")] < 1024

@@ -382,6 +382,41 @@ def test_a_library_that_wraps_torch_compile_and_copies_its_arguments_still_compi
 
 
 
+
+def test_a_compiled_modules_context_compiles_its_other_methods_for_the_gpu():
+    """Lightning's ``from_compiled`` applies the compiled module's ``dynamo_ctx`` to the module's
+    ``training_step``: that method compiled for the CPU the traced tensors are on and Inductor's
+    CPU kernel ran on a fake tensor (SIGSEGV). It is a compiled call, the step's forward, and its
+    graphs are the same as those of the compiled module itself."""
+    method = MLP.replace("    def forward(s, x, target):", "    def step(s, x, target):\n        return s(x, target)\n"
+                         "    def forward(s, x, target):").replace(
+        "step = torch.compile(model)", "step = torch.compile(model).dynamo_ctx(model.step)")
+    plain, tr = trace(MLP, {}, mode="fake", device=H100), trace(method, {}, mode="fake", device=H100)
+    assert tr.meta["compile"]["graphs"] == 1 and tr.meta["compile"]["backward_graphs"] == 1
+    assert tr.meta["compile"]["failures"] == 0
+    for it in (0, 1):
+        for phase in ("forward", "backward"):
+            assert _allocs(tr, it, phase) == _allocs(plain, it, phase) != []
+
+
+def test_a_compile_through_a_librarys_wrapper_is_named_by_the_users_line():
+    """``import lightning`` wraps ``torch.compile`` (``_capture_compile_kwargs``): a compile is
+    named by the line of the script that called it, not by the wrapper's."""
+    wrapped = MLP.replace("step = torch.compile(model)", """import functools
+real = torch.compile
+@functools.wraps(real)
+def capture(*args, **kwargs):
+    return real(*args, **kwargs)
+torch.compile = capture
+try:
+    step = torch.compile(model)
+finally:
+    torch.compile = real""")
+    tr = trace(wrapped, {}, mode="fake", device=H100)
+    line = next(i for i, s in enumerate(wrapped.splitlines(), 1) if s.strip() == "step = torch.compile(model)")
+    assert tr.meta["compile"]["where"] == [f"<cell>:{line}"]
+
+
 COMPILED_EACH_CALL = """
 import torch
 

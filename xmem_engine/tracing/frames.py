@@ -70,15 +70,19 @@ def user_frame(depth: int = 2) -> str:
     return getattr(thread_origin, "where", "")
 
 
-def library_frame(depth: int = 2) -> str:
+def library_frame(depth: int = 2, skip: frozenset[types.CodeType] = frozenset()) -> str:
     """``file:line`` of the innermost frame outside torch, xmem and the standard library: a
-    library such as transformers (named from its ``site-packages`` folder on), or the user's."""
+    library such as transformers (named from its ``site-packages`` folder on), or the user's.
+    Frames running a code in ``skip`` (a library's wrapper of a torch function) are passed over."""
     f: types.FrameType | None = sys._getframe(depth)
     while f is not None:
+        if f.f_code in skip:
+            f = f.f_back
+            continue
         fn = f.f_code.co_filename
         # (a virtual environment's platstdlib holds its site-packages: those are libraries)
-        skip = fn.startswith(_LIB_DIRS) and ("site-packages" not in fn or fn.startswith((TORCH_DIR, XMEM_DIR)))
-        if not (skip or fn.startswith("<frozen")):
+        ours = fn.startswith(_LIB_DIRS) and ("site-packages" not in fn or fn.startswith((TORCH_DIR, XMEM_DIR)))
+        if not (ours or fn.startswith("<frozen")):
             marker = fn.find("site-packages" + os.sep)
             return f"{fn[marker + len('site-packages') + 1:] if marker >= 0 else fn}:{f.f_lineno}"
         f = f.f_back

@@ -51,6 +51,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from xmem_engine.tracing.compiler.compiled_methods import MethodsCompiled, compile_wrappers
 from xmem_engine.tracing.compiler.compiled_optimizers import (HOOK_BREAK, attributes_as_compile_fakes,
                                                               hooks_run_by_python, states_made_on_the_virtual_gpu)
 from xmem_engine.tracing.compiler.cuda_graph_trees import GraphTreeRecord, GraphTrees
@@ -217,7 +218,7 @@ class CompiledCalls:
             return lambda m: self.compile(m, **args)
         if disable or not callable(model):
             return self.real_compile(model, **args)
-        where = library_frame() or "(library code)"
+        where = library_frame(skip=compile_wrappers()) or "(library code)"
         reason = self.why_eager(backend)
         if reason is not None:
             self.record.eager.setdefault(where, reason)
@@ -242,6 +243,7 @@ class CompiledCalls:
                                      **kwargs)
         if isinstance(compiled, torch.nn.Module):  # OptimizedModule: its forward enters Dynamo
             compiled.forward = self.calls(compiled.forward, model, where)
+            compiled.dynamo_ctx = MethodsCompiled(self, compiled.dynamo_ctx, where)
             return compiled
         return functools.wraps(model)(self.calls(compiled, model, where)) if callable(compiled) else compiled
 
