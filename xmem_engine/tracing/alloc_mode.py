@@ -26,6 +26,7 @@ from xmem_engine.tracing.shims.subclasses import is_fake_wrapper, is_wrapper
 
 from xmem_engine.tracing.kernels.cuda_temporaries import RULES as CUDA_TEMPORARIES
 from xmem_engine.tracing.kernels.cuda_temporaries import BySM
+from xmem_engine.tracing.kernels.cuda_dtypes import RULES as CUDA_DTYPES
 from xmem_engine.gpus import cuda_libraries
 from xmem_engine.tracing.kernels import convolutions
 from xmem_engine.tracing.errors import NeedsRealValues
@@ -271,6 +272,8 @@ class AllocMode(TorchDispatchMode):
                     fast = None  # DTensors (FSDP2 + a foreach optimizer): their own dispatch, on the shards
                 if fast is None and func in BEFORE_FAKE:
                     fast = lambda *a, **k: tr.guesses.data_dependent(func, a, k)  # noqa: E731
+                elif fast is None and func in CUDA_DTYPES and self._on_gpu(args, kwargs):
+                    fast = CUDA_DTYPES[func]  # kernels/cuda_dtypes.py
                 out = fast(*args, **kwargs) if fast is not None else NotImplemented
                 if out is NotImplemented:
                     try:
@@ -302,7 +305,10 @@ class AllocMode(TorchDispatchMode):
                     raise  # any other error as it was, cause and traceback kept
                 raise err from None
         else:
-            out = func(*args, **kwargs)
+            rule = CUDA_DTYPES.get(func)
+            out = rule(*args, **kwargs) if rule is not None and self._on_gpu(args, kwargs) else NotImplemented
+            if out is NotImplemented:
+                out = func(*args, **kwargs)
         live = tr.live
         gpu: bool | None = None
         conv_copies = None

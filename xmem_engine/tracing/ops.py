@@ -26,6 +26,8 @@ KINDS: dict[str, str] = {
     "host output": "outputs that stay on the host although the op ran on the GPU",
     "meta kernel": "a meta kernel for an overload torch ships without one",
     "cuda composite": "a library op whose CUDA implementation allocates what its CPU one does not",
+    "cuda dtype": "an op whose CUDA kernel takes a dtype its CPU kernel refuses (integer histc), computed "
+                  "through one the CPU takes",
     "torch function": "a torch function the virtual GPU runs as CUDA would (attention backend, dropout's "
                       "mask, einsum's lowering, values read from fake tensors)",
 }
