@@ -242,6 +242,8 @@ class GPU:
             "minor": self.minor,
             "multi_processor_count": self.sm_count,
             "context_bytes": self.context_bytes,  # not a device property: mem_get_info's "free" leaves it out
+            # nor these: the kernels' memory outside the allocator (a batch-size search's capacity)
+            "kernel_bytes": self.kernel_bytes or 0, "cudnn_bytes": self.cudnn_bytes or 0,
             **({"L2_cache_size": self.l2_cache_bytes} if self.l2_cache_bytes is not None else {}),
         }
 

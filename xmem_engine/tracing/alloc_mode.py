@@ -249,7 +249,12 @@ class AllocMode(TorchDispatchMode):
             if out is not NotImplemented:
                 return out
         tr = self.t
-        in_backward = tr.phase == "backward" and self.backward_writes.node_changed() is not None
+        if tr.phase == "backward":
+            in_backward = self.backward_writes.node_changed() is not None
+        else:
+            in_backward = False
+            if self.backward_writes.holds_node:  # a backward that raised: its graph let go (grad_accumulation.py)
+                self.backward_writes.forget()
         if in_backward:  # gradient sums and scatters in place, as on a GPU (grad_accumulation.py)
             func, args, kwargs = self.backward_writes.rewrite(func, args, kwargs) or (func, args, kwargs)
         if tr.user_state is not None and tr.user_state.watching:

@@ -76,6 +76,7 @@ from xmem_engine.tracing.compiler.mode_stacks import saved_hooks_yielding
 from xmem_engine.tracing.compiler.torch_compile import COMPILE_MODES, CompiledCalls, standing_in_for_main
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.shims.profiler import profiler_on_the_host
+from xmem_engine.tracing.shims.batch_size_search import batch_size_search, without_failed_tries
 from xmem_engine.tracing.shims.threads import threads_in_the_trace
 from xmem_engine.tracing.shims.triton_launches import triton_launches
 from xmem_engine.tracing.shims.unsloth_checks import unsloth_checks
@@ -308,6 +309,8 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
     if namespace is not None:
         namespace.update(persist)
     events = tracer.finish()
+    if tracer.failed_tries:  # accelerate's batch-size search: the run at the size found
+        events = without_failed_tries(events, tracer.failed_tries)
     props = tracer.vc.props
     meta = {"device": props.name, "compute_capability": [props.major, props.minor],
             "iterations": tracer.iteration + 1, "stopped": tracer.stopped,
@@ -436,6 +439,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(flash_attn_on_gpu(tracer))  # FlashAttention-2's package, stood in for
         stack.enter_context(threads_in_the_trace())  # a thread the code starts runs in the trace's modes
         stack.enter_context(profiler_on_the_host(tracer))  # torch.profiler: no CUDA activity to time
+        stack.enter_context(batch_size_search(tracer, stack))  # auto_find_batch_size: OOM at the GPU's capacity
         stack.enter_context(patched_attr(torch.autograd.graph, "disable_saved_tensors_hooks",  # torch.func.grad
                                          saved_hooks_yielding(tracer, torch.autograd.graph.disable_saved_tensors_hooks)))
         if tracer.fake:

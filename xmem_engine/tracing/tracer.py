@@ -145,8 +145,8 @@ class Tracer:
         # extern kernels): [events before it, op, dtype, shape, phase, stream, module, source,
         # iteration], for the cuBLAS workspaces (gpus/cuda_libraries.py), which follow a GEMM's output
         self.gemm_into: list[list] = []
-        # the steady state's last pass over the step, (first event, end) (tracing/steady.py)
-        self.repeat_span: tuple[int, int] | None = None
+        self.repeat_span: tuple[int, int] | None = None  # the steady state's last pass, (first event, end) (steady.py)
+        self.failed_tries: list[tuple[int, int]] = []  # out-of-memory tries' events (shims/batch_size_search.py)
         self.cudnn_benchmark = False  # one ran with torch.backends.cudnn.benchmark on
         self.notes: list[str] = []  # what the estimate should tell about how this run was traced
         self.torch_target: tuple[int, int] | None = None  # the GPU run's PyTorch, when not this one
@@ -296,8 +296,7 @@ class Tracer:
         if _RANK[category] > _RANK[rec.event.category]:
             rec.event.category = category
         if module and not rec.event.module:
-            # Parameters, their gradients and optimizer state belong to the module that owns
-            # the parameter (they are often made outside any forward pass, e.g. by .cuda()).
+            # Parameters, their gradients and optimizer state: the owning module's (made outside a forward, by .cuda())
             rec.event.module = module
 
     def classify_modules(self, modules: Iterable[torch.nn.Module]) -> None:
@@ -357,7 +356,8 @@ class Tracer:
                 except RuntimeError as e:  # the simulated device is full (capacity / memory fraction)
                     if type(e).__name__ != "OutOfMemoryError":
                         raise
-                    raise as_torch_error(torch.OutOfMemoryError(f"CUDA out of memory (simulated by xmem). {e}")) from None
+                    self.empty_cache()  # cudaMalloc's retry freed the cache before it gave up: so does the replay
+                    raise as_torch_error(torch.OutOfMemoryError(f"CUDA out of memory. {str(e).partition('. ')[2]} (simulated)")) from None
                 self.events.append(ev)
                 self.live_bytes += hint(nbytes)
                 if self.live_bytes > self.peak_live_bytes:

@@ -187,6 +187,7 @@ class VirtualCuda:
         self.props = DeviceProperties.from_dict(device)
         # The CUDA context the process holds on the target GPU: mem_get_info's "free" leaves it out.
         self.context_bytes = int((device or DEFAULT_DEVICE).get("context_bytes", DEFAULT_DEVICE["context_bytes"]))
+        self.device_dict = dict(device or DEFAULT_DEVICE)  # as given, for what is not a property
         self.default_stream = VirtualStream(stream_id=0)
         self.current_stream = self.default_stream
         self.memory_fraction = 1.0

@@ -87,11 +87,19 @@ class BackwardInPlace:
                 # A node holds what it saved, an AccumulateGrad its parameter (and so the
                 # gradient): let go of the last one when this backward ends, or a model the
                 # user drops stays alive (nodes take no weak references).
-                torch.autograd.Variable._execution_engine.queue_callback(self._forget)
+                torch.autograd.Variable._execution_engine.queue_callback(self.forget)
                 self._forget_queued = True
         return node
 
-    def _forget(self) -> None:
+    @property
+    def holds_node(self) -> bool:
+        return self._node is not None
+
+    def forget(self) -> None:
+        """Let go of the last node (at the end of a backward; after one that raised, which never
+        runs its end-of-backward callbacks: the node, and the graph below it with every saved
+        activation, had stayed alive until the next backward, so that an out-of-memory retry at
+        a smaller batch (accelerate's ``find_executable_batch_size``) ran out of memory again)."""
         self._node, self._python_node, self._pass_through, self._forget_queued = None, False, False, False
         self._made.clear()
 

@@ -1,0 +1,71 @@
+"""accelerate's ``find_executable_batch_size`` (``Trainer(auto_find_batch_size=True)``) on the
+virtual GPU (``shims/batch_size_search.py``): it runs out of memory where the target GPU would
+and settles on the size the GPU would, where before the first size always "fitted" and the
+estimate was of it (85 GiB on a 15 GiB T4 for a Trainer asked to find its batch size)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("accelerate")
+
+import torch  # noqa: E402
+
+from xmem_engine.simulation import simulate  # noqa: E402
+from xmem_engine.simulation.allocator import CachingAllocator  # noqa: E402
+from xmem_engine.tracing import trace  # noqa: E402
+from xmem_engine.tracing.shims.batch_size_search import search_limit  # noqa: E402
+
+GIB = 1 << 30
+# a small GPU: 3 GiB, less a 300 MiB context and 50 MiB of kernels
+SMALL = {"name": "Small GPU", "total_memory": 3 * GIB, "major": 8, "minor": 0, "multi_processor_count": 40,
+         "context_bytes": 300 << 20, "kernel_bytes": 50 << 20, "cudnn_bytes": 0}
+
+SETUP = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)]).cuda()
+opt = torch.optim.AdamW(model.parameters())
+
+def step(batch_size):
+    for _ in range(2):
+        x = torch.randn(batch_size, 64, 2048, device="cuda")
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+"""
+
+SEARCH = SETUP + """
+from accelerate.utils import find_executable_batch_size
+sizes = []
+
+@find_executable_batch_size(starting_batch_size=1024)
+def train(batch_size):
+    sizes.append(batch_size)
+    step(batch_size)
+    return batch_size
+
+found = train()
+"""
+
+
+def test_the_search_runs_out_of_memory_where_the_gpu_would_and_settles_below():
+    ns: dict = {}
+    tr = trace(SEARCH, ns, mode="fake", device=SMALL)
+    sizes, found = ns["sizes"], ns["found"]
+    assert found == sizes[-1] < 1024 and len(sizes) >= 3
+    assert all(b == int(a * 0.9) for a, b in zip(sizes, sizes[1:]))  # accelerate's own steps
+    limit = search_limit(SMALL)
+    # the size found fits the GPU's share, the size tried before it does not, each traced alone
+    for size, fits in ((found, True), (sizes[-2], False)):
+        alone = SETUP + f"step({size})"
+        if fits:
+            trace(alone, {}, mode="fake", device=SMALL, allocator=CachingAllocator(capacity=limit))
+        else:
+            with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory."):
+                trace(alone, {}, mode="fake", device=SMALL, allocator=CachingAllocator(capacity=limit))
+    # the estimate is of the run at the size found: the failed tries' transients are left out
+    sim = simulate(tr.events, allocator=CachingAllocator(capacity=limit))
+    assert not sim.oom
+    note = next(n for n in tr.meta["notes"] if n.startswith("find_executable_batch_size at <cell>:"))
+    assert f"{sizes[0]} (out of memory)" in note and f"{found} (ran)" in note

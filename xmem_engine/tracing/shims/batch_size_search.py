@@ -1,0 +1,141 @@
+"""accelerate's ``find_executable_batch_size`` (``Trainer(auto_find_batch_size=True)``) searches
+on the virtual GPU as it searches on the real one.
+
+Why: the decorator runs the training function at a batch size and, on a CUDA out-of-memory
+error, frees the cache and tries again at 90 % of it. The virtual GPU has no capacity of its own
+(an estimate runs the step whole, to say how much it would need), so the first batch size always
+"fitted": a Trainer with ``per_device_train_batch_size=64`` and ``auto_find_batch_size`` was
+estimated on a T4 at 85 GiB, "does not fit", where the GPU would train at the size it finds.
+While the decorated function runs, the tracer's allocator has the target GPU's capacity, less
+the CUDA context and the memory PyTorch's, cuBLAS's and cuDNN's kernels take (``kernel_bytes``
+and ``cudnn_bytes`` of the GPU's properties: a search here stops at or below the GPU's own
+choice, never above it), and raises torch's ``OutOfMemoryError`` as the GPU does. Each try is
+in the notes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator
+
+import torch
+
+from xmem_engine.trace import ALLOC, FREE, ITERATION, TraceEvent
+from xmem_engine.tracing.frames import user_frame
+from xmem_engine.tracing.patches import on_import, patched_attr
+
+#: where accelerate defines the decorator, and re-exports it (``from accelerate.utils import ...``)
+MODULES = ("accelerate.utils.memory", "accelerate.utils")
+OOM = "out of memory"
+
+
+#: room kept for what the estimate adds to the trace for the target GPU: cuBLAS's and cuBLASLt's
+#: workspaces (32 MiB each at most, ``gpus/cuda_libraries.py``) and the segment a small one rounds
+#: up to (20 MiB). Without it the replay ran short where the search had fitted.
+WORKSPACE_ROOM = (2 * 32 + 20) << 20
+
+
+def search_limit(props: dict) -> int:
+    """The bytes cudaMalloc can get on the target GPU while a batch size is searched for."""
+    fixed = sum(int(props.get(k) or 0) for k in ("context_bytes", "kernel_bytes", "cudnn_bytes"))
+    return max(0, int(props["total_memory"]) - fixed - WORKSPACE_ROOM)
+
+
+@contextlib.contextmanager
+def capacity(allocator: Any, limit: int) -> Iterator[None]:
+    """The simulated device holds ``limit`` bytes for the block (it is unlimited otherwise)."""
+    old = allocator.capacity
+    allocator.capacity = limit if old is None else min(old, limit)
+    try:
+        yield
+    finally:
+        allocator.capacity = old
+
+
+def note(where: str, tries: list[list[Any]], limit: int) -> str:
+    said = ", ".join(f"{size} ({outcome})" for size, outcome, _ in tries)
+    found = next((size for size, outcome, _ in tries if outcome == "ran"), None)
+    end = (f"the run goes on at batch size {found}" if found is not None else "no batch size ran to the end")
+    return (f"find_executable_batch_size at {where or '?'} (accelerate; Trainer's auto_find_batch_size) searched "
+            f"with the GPU's {limit / 2**30:.2f} GiB for PyTorch (its memory less the CUDA context, the kernels and cuBLAS's workspaces), "
+            f"as on the GPU: tried {said}; {end}. The estimate is of the run at the size found: the failed "
+            "tries filled the GPU up to its capacity before they failed, and what they freed is left out")
+
+
+def searching(original: Callable[..., Any], tracer: Any, limit: int) -> Callable[..., Any]:
+    """``original`` (accelerate's decorator) whose decorated function runs on a device of
+    ``limit`` bytes, each try recorded for the notes."""
+
+    @functools.wraps(original)
+    def find_executable_batch_size(function: Any = None, starting_batch_size: int = 128, **kwargs: Any) -> Any:
+        if function is None:
+            return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size, **kwargs)
+        tries: list[list[Any]] = []
+
+        @functools.wraps(function)
+        def attempt(batch_size: int, *args: Any, **kw: Any) -> Any:
+            tries.append([batch_size, "stopped", len(tracer.events)])
+            try:
+                out = function(batch_size, *args, **kw)
+            except torch.OutOfMemoryError:
+                tries[-1][1] = OOM
+                raise
+            tries[-1][1] = "ran"
+            return out
+
+        inner = original(attempt, starting_batch_size=starting_batch_size, **kwargs)
+
+        @functools.wraps(inner)
+        def run(*args: Any, **kw: Any) -> Any:
+            where = user_frame(2)
+            try:
+                with capacity(tracer.allocator, limit):
+                    return inner(*args, **kw)
+            finally:
+                if tries:
+                    ends = [t[2] for t in tries[1:]] + [len(tracer.events)]
+                    tracer.failed_tries += [(t[2], end) for t, end in zip(tries, ends) if t[1] == OOM]
+                    tracer.notes.append(note(where, tries, limit))
+
+        return run
+
+    find_executable_batch_size.__xmem_search__ = True  # type: ignore[attr-defined]
+    return find_executable_batch_size
+
+
+def without_failed_tries(events: list[TraceEvent], tries: list[tuple[int, int]]) -> list[TraceEvent]:
+    """``events`` less the out-of-memory tries' transients: each allocation a failed try made
+    (events ``[start, end)``, ``end`` where the next try began) and freed before the next one
+    allocated, with its free, and the tries' step markers. What a failed try made and kept (an
+    optimizer's state, made in its first step) stays, as the next try starts with it."""
+    drop: set[int] = set()
+    marks: set[int] = set()
+    for start, end in tries:
+        made = {e.id for e in events[start:end] if e.kind == ALLOC}
+        nxt = next((i for i in range(end, len(events)) if events[i].kind == ALLOC), len(events))
+        drop |= {e.id for e in events[start:nxt] if e.kind == FREE and e.id in made}
+        marks |= {i for i in range(start, end) if events[i].kind == ITERATION}
+    return [e for i, e in enumerate(events) if i not in marks and not (e.kind in (ALLOC, FREE) and e.id in drop)]
+
+
+@contextlib.contextmanager
+def batch_size_search(tracer: Any, stack: contextlib.ExitStack) -> Iterator[None]:
+    """accelerate's ``find_executable_batch_size`` as :func:`searching` makes it, while the block
+    lasts (patched as accelerate loads, for the traced code's own import of it)."""
+    limit = search_limit(tracer.vc.device_dict)
+
+    def patch(module: Any) -> None:
+        original = getattr(module, "find_executable_batch_size", None)
+        if original is None or getattr(original, "__xmem_search__", False):
+            return
+        if module.__name__ == "accelerate.utils":  # the re-export: the patched definition, if made
+            memory = module.__dict__.get("memory")
+            done = getattr(memory, "find_executable_batch_size", None) if memory is not None else None
+            if getattr(done, "__xmem_search__", False):
+                stack.enter_context(patched_attr(module, "find_executable_batch_size", done))
+                return
+        stack.enter_context(patched_attr(module, "find_executable_batch_size", searching(original, tracer, limit)))
+
+    with on_import(MODULES, patch):
+        yield
