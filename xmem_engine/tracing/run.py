@@ -77,6 +77,7 @@ from xmem_engine.tracing.compiler.torch_compile import COMPILE_MODES, CompiledCa
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.shims.profiler import profiler_on_the_host
 from xmem_engine.tracing.shims.batch_size_search import batch_size_search, without_failed_tries
+from xmem_engine.tracing.shims.hub_uploads import hub_writes_held_back
 from xmem_engine.tracing.shims.threads import threads_in_the_trace
 from xmem_engine.tracing.shims.triton_launches import triton_launches
 from xmem_engine.tracing.shims.unsloth_checks import unsloth_checks
@@ -440,6 +441,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(threads_in_the_trace())  # a thread the code starts runs in the trace's modes
         stack.enter_context(profiler_on_the_host(tracer))  # torch.profiler: no CUDA activity to time
         stack.enter_context(batch_size_search(tracer, stack))  # auto_find_batch_size: OOM at the GPU's capacity
+        stack.enter_context(hub_writes_held_back(tracer, stack))  # push_to_hub: nothing sent to the Hub
         stack.enter_context(patched_attr(torch.autograd.graph, "disable_saved_tensors_hooks",  # torch.func.grad
                                          saved_hooks_yielding(tracer, torch.autograd.graph.disable_saved_tensors_hooks)))
         if tracer.fake:
