@@ -36,10 +36,14 @@ OOM = "out of memory"
 WORKSPACE_ROOM = (2 * 32 + 20) << 20
 
 
-def search_limit(props: dict) -> int:
-    """The bytes cudaMalloc can get on the target GPU while a batch size is searched for."""
-    fixed = sum(int(props.get(k) or 0) for k in ("context_bytes", "kernel_bytes", "cudnn_bytes"))
-    return max(0, int(props["total_memory"]) - fixed - WORKSPACE_ROOM)
+def search_limit(props: dict, total: int | None = None, context: int | None = None) -> int:
+    """The bytes cudaMalloc can get on the target GPU while a batch size is searched for:
+    ``props`` as given to the trace (a partial dict takes ``total`` and ``context``, the
+    virtual device's, for what it lacks)."""
+    total = int(props.get("total_memory") or total or 0)
+    context = int(props.get("context_bytes") or context or 0)
+    fixed = context + sum(int(props.get(k) or 0) for k in ("kernel_bytes", "cudnn_bytes"))
+    return max(0, total - fixed - WORKSPACE_ROOM)
 
 
 @contextlib.contextmanager
@@ -123,7 +127,8 @@ def without_failed_tries(events: list[TraceEvent], tries: list[tuple[int, int]])
 def batch_size_search(tracer: Any, stack: contextlib.ExitStack) -> Iterator[None]:
     """accelerate's ``find_executable_batch_size`` as :func:`searching` makes it, while the block
     lasts (patched as accelerate loads, for the traced code's own import of it)."""
-    limit = search_limit(tracer.vc.device_dict)
+    vc = tracer.vc
+    limit = search_limit(vc.device_dict, vc.props.total_memory, vc.context_bytes)
 
     def patch(module: Any) -> None:
         original = getattr(module, "find_executable_batch_size", None)
