@@ -80,3 +80,27 @@ def needs_real_gpu(e: BaseException, mode: str) -> UnsupportedOpError | None:
     return UnsupportedOpError(op, mode, msg.splitlines()[0] if msg else "", where,
                               hint="it needs a real GPU, which the virtual device does not emulate; "
                               "remove the call from the traced code")
+
+
+#: accelerate's words for a state object whose shared state was reset (``patches.fresh_singletons``)
+_RESET_STATE = "was called and an `Accelerator` or `PartialState` was not reinitialized"
+
+
+def made_before_the_trace(e: BaseException) -> TracerError | None:
+    """An accelerate object made before the traced code (an ``Accelerator``, a Trainer's
+    ``TrainingArguments``, in an earlier notebook cell) met the new process's state a trace
+    starts with: it was made for this machine's device (``cpu`` without a GPU), and accelerate's own
+    message speaks of ``_reset_state()``. Say what to do instead."""
+    if not isinstance(e, AttributeError) or _RESET_STATE not in str(e):
+        return None
+    where = ""
+    tb = e.__traceback__
+    while tb is not None:
+        if is_user_file(tb.tb_frame.f_code.co_filename):
+            where = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return TracerError(
+        f"an object the traced code uses{where} was made before it (a Trainer, its TrainingArguments or an "
+        "Accelerator from an earlier cell): it was made for this machine's device, not the virtual GPU, and "
+        "holds accelerate's state of this process, which a trace does not share. Make it inside the traced "
+        "code (the %%xmem cell) so that it is made for the virtual GPU")

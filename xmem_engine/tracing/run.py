@@ -35,6 +35,7 @@ from xmem_engine.tracing.errors import (
     NeedsRealValues,
     StopTracing,
     UnsupportedOpError,
+    made_before_the_trace,
     needs_real_gpu,
 )
 from xmem_engine.tracing.frames import count_as_user, entry_point, run_user_code, trim_traceback
@@ -167,7 +168,7 @@ def trace(
     except BaseException as e:
         if not trim_traceback(e):
             raise
-        unsupported = needs_real_gpu(e, mode)
+        unsupported = needs_real_gpu(e, mode) or made_before_the_trace(e)
         if unsupported is not None:
             raise unsupported from e
         raise e  # the user's exception, its traceback starting at the user's code
