@@ -69,3 +69,21 @@ def test_the_search_runs_out_of_memory_where_the_gpu_would_and_settles_below():
     assert not sim.oom
     note = next(n for n in tr.meta["notes"] if n.startswith("find_executable_batch_size at <cell>:"))
     assert f"{sizes[0]} (out of memory)" in note and f"{found} (ran)" in note
+
+
+def test_the_estimate_is_of_the_size_found_here_and_on_another_gpu():
+    """The failed tries' transients are left out as phase markers: what points at events by
+    index (the reductions' buffers re-sized per GPU, cuBLAS's workspaces) still points right, and
+    the estimate for the GPU searched on fits; for another GPU it is re-simulated as any trace."""
+    from xmem_engine.estimate import estimate_trace, resolve_gpu
+
+    t4 = resolve_gpu("T4")
+    ns: dict = {}
+    tr = trace(SEARCH.replace("starting_batch_size=1024", "starting_batch_size=4096"), ns, mode="fake",
+               device=t4.properties())
+    assert ns["found"] < 4096 and tr.meta.get("by_sm", {}).get("groups")
+    for group in tr.meta.get("by_sm", {}).get("groups", []):
+        assert tr.events[group[0]].kind == "alloc"  # a reduction's buffers, still where they were
+    here = estimate_trace(tr, t4)
+    assert here.fits and not here.oom
+    assert not estimate_trace(tr, "H100-SXM-80GB").oom

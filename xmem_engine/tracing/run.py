@@ -312,7 +312,8 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
         namespace.update(persist)
     events = tracer.finish()
     if tracer.failed_tries:  # accelerate's batch-size search: the run at the size found
-        events = without_failed_tries(events, tracer.failed_tries)
+        events, gone = without_failed_tries(events, tracer.failed_tries)
+        tracer.by_sm = [g for g in tracer.by_sm if g[0] not in gone]
     props = tracer.vc.props
     meta = {"device": props.name, "compute_capability": [props.major, props.minor],
             "iterations": tracer.iteration + 1, "stopped": tracer.stopped,

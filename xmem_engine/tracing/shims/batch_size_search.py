@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.trace import ALLOC, FREE, ITERATION, TraceEvent
+from xmem_engine.trace import ALLOC, FREE, ITERATION, PHASE, TraceEvent
 from xmem_engine.tracing.frames import user_frame
 from xmem_engine.tracing.patches import on_import, patched_attr
 
@@ -108,11 +108,14 @@ def searching(original: Callable[..., Any], tracer: Any, limit: int) -> Callable
     return find_executable_batch_size
 
 
-def without_failed_tries(events: list[TraceEvent], tries: list[tuple[int, int]]) -> list[TraceEvent]:
+def without_failed_tries(events: list[TraceEvent], tries: list[tuple[int, int]]) -> tuple[list[TraceEvent], set[int]]:
     """``events`` less the out-of-memory tries' transients: each allocation a failed try made
     (events ``[start, end)``, ``end`` where the next try began) and freed before the next one
     allocated, with its free, and the tries' step markers. What a failed try made and kept (an
-    optimizer's state, made in its first step) stays, as the next try starts with it."""
+    optimizer's state, made in its first step) stays, as the next try starts with it. Each event
+    left out is replaced by a phase marker of its own phase (the simulation passes over those),
+    so that what points at events by index (``gemm_into``, ``repeat_span``) still points right;
+    returns the events and the indices replaced (a reduction's buffers there are no more)."""
     drop: set[int] = set()
     marks: set[int] = set()
     for start, end in tries:
@@ -120,7 +123,9 @@ def without_failed_tries(events: list[TraceEvent], tries: list[tuple[int, int]])
         nxt = next((i for i in range(end, len(events)) if events[i].kind == ALLOC), len(events))
         drop |= {e.id for e in events[start:nxt] if e.kind == FREE and e.id in made}
         marks |= {i for i in range(start, end) if events[i].kind == ITERATION}
-    return [e for i, e in enumerate(events) if i not in marks and not (e.kind in (ALLOC, FREE) and e.id in drop)]
+    gone = {i for i, e in enumerate(events) if i in marks or (e.kind in (ALLOC, FREE) and e.id in drop)}
+    return [TraceEvent(PHASE, phase=e.phase, iteration=e.iteration) if i in gone else e
+            for i, e in enumerate(events)], gone
 
 
 @contextlib.contextmanager
