@@ -163,6 +163,18 @@ def test_a_syntax_error_in_a_cell_shows_the_line_only(ip):
     assert not any("xmem" in line or "IPython" in line for line in lines)
 
 
+def test_an_xmem_error_shows_its_message_only(ip):
+    """A TracerError (here a call that needs a real GPU) is xmem's message, which names the
+    cell's line: IPython shows it without the frames of the magic and the tracer above it."""
+    from xmem_engine.tracing import UnsupportedOpError
+
+    res = ip.run_cell("%%xmem --quiet\nimport torch\nh = torch.cuda.current_blas_handle()\n")
+    assert not res.success and isinstance(res.error_in_exec, UnsupportedOpError)
+    lines = res.error_in_exec._render_traceback_()
+    assert len(lines) == 1 and lines[0].startswith("UnsupportedOpError: torch.cuda.current_blas_handle at In[")
+    assert "real GPU" in lines[0]
+
+
 def test_one_result_per_cell_holds_the_widget_and_its_report(ip, ns, monkeypatch):
     """One output: the widget's view and the static report in the same bundle, so a front end
     shows one or the other, never both; a change in the widget updates that same output."""

@@ -14,6 +14,11 @@ from xmem_engine.tracing.frames import is_user_file
 class TracerError(Exception):
     """The tracer could not produce a trace (not an error of the user's code)."""
 
+    def _render_traceback_(self) -> list[str]:
+        """IPython's hook for an exception's display: the message, which names the user's line,
+        without the frames of IPython's magic and the tracer above it."""
+        return [f"{type(self).__name__}: {self}"]
+
 
 class UnsupportedOpError(TracerError):
     """An op or a value read the chosen mode cannot execute."""
