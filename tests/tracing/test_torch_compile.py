@@ -399,6 +399,22 @@ def test_a_compiled_modules_context_compiles_its_other_methods_for_the_gpu():
             assert _allocs(tr, it, phase) == _allocs(plain, it, phase) != []
 
 
+def test_a_compiled_module_deep_copies_and_its_context_reads_as_dynamos():
+    """An EMA of a compiled model (``AveragedModel(torch.compile(model))``) deep-copies it, its
+    ``dynamo_ctx`` (the tracer's wrapper of Dynamo's context) with it: that copied the trace
+    ("cannot pickle 'getset_descriptor'"). The wrapper copies as itself and reads as the context."""
+    src = MLP + """
+import copy
+twin = copy.deepcopy(step)
+fullgraph = step.dynamo_ctx.fullgraph
+same_ctx = twin.dynamo_ctx is step.dynamo_ctx
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake", device=H100)
+    assert ns["fullgraph"] is False and ns["same_ctx"] is True
+    assert tr.meta["compile"]["graphs"] == 1 and tr.meta["compile"]["failures"] == 0
+
+
 def test_a_compile_through_a_librarys_wrapper_is_named_by_the_users_line():
     """``import lightning`` wraps ``torch.compile`` (``_capture_compile_kwargs``): a compile is
     named by the line of the script that called it, not by the wrapper's."""

@@ -30,6 +30,13 @@ class MethodsCompiled:
             compiled = as_module_call(self.calls.t, owner, compiled)
         return functools.wraps(fn)(compiled)
 
+    def __getattr__(self, name: str) -> Any:  # fullgraph, callback, _hooks: the context's
+        return getattr(self.__dict__["ctx"], name)
+
+    def __deepcopy__(self, memo: dict) -> MethodsCompiled:
+        """Itself: it holds the trace (as ``VirtualGPUBackend`` does)."""
+        return self
+
 
 def as_module_call(tracer: Any, module: torch.nn.Module, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn``, a method of ``module`` other than ``forward``, told to the tracer as a call of the
@@ -47,13 +54,6 @@ def as_module_call(tracer: Any, module: torch.nn.Module, fn: Callable[..., Any])
             tracer._forward_post(module, args, None)
 
     return call
-
-    def __getattr__(self, name: str) -> Any:  # fullgraph, callback, _hooks: the context's
-        return getattr(self.__dict__["ctx"], name)
-
-    def __deepcopy__(self, memo: dict) -> MethodsCompiled:
-        """Itself: it holds the trace (as ``VirtualGPUBackend`` does)."""
-        return self
 
 
 def compile_wrappers() -> frozenset[types.CodeType]:
