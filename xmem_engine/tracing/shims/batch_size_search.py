@@ -138,13 +138,7 @@ def batch_size_search(tracer: Any, stack: contextlib.ExitStack) -> Iterator[None
     def patch(module: Any) -> None:
         original = getattr(module, "find_executable_batch_size", None)
         if original is None or getattr(original, "__xmem_search__", False):
-            return
-        if module.__name__ == "accelerate.utils":  # the re-export: the patched definition, if made
-            memory = module.__dict__.get("memory")
-            done = getattr(memory, "find_executable_batch_size", None) if memory is not None else None
-            if getattr(done, "__xmem_search__", False):
-                stack.enter_context(patched_attr(module, "find_executable_batch_size", done))
-                return
+            return  # (the re-export of a definition patched as it loaded)
         stack.enter_context(patched_attr(module, "find_executable_batch_size", searching(original, tracer, limit)))
 
     with on_import(MODULES, patch):
