@@ -106,6 +106,16 @@ def _non_infra_flag(value: bool) -> Iterator[None]:
         python_dispatch._is_in_non_infra_torch_dispatch_mode = old
 
 
+def packs_on_top(tracer: Any) -> bool | None:
+    """Whether the tracer's saved-tensor hooks are the innermost on autograd's stack; None where
+    this torch cannot say (before 2.7)."""
+    top_of = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top_of is None:
+        return None
+    top = top_of(True)
+    return top is not None and top[0] == tracer._pack
+
+
 @contextlib.contextmanager
 def hooks_off(tracer: Any, off: bool = True) -> Iterator[None]:
     """The tracer's module and saved-tensor hooks off (``off=False``: back on, inside a region
@@ -126,11 +136,8 @@ def hooks_off(tracer: Any, off: bool = True) -> Iterator[None]:
         elif not present:
             d[key] = fn
             changed.append((d, key, fn, False))
-    top_of = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    if top_of is not None:
-        top = top_of(True)
-        mine = top is not None and top[0] == tracer._pack
-    else:  # torch < 2.7 cannot say: the tracer's hooks are taken to be the innermost
+    mine = packs_on_top(tracer)
+    if mine is None:  # torch < 2.7 cannot say: the tracer's hooks are taken to be the innermost
         mine = off
     if off and mine:
         torch._C._autograd._pop_saved_tensors_default_hooks()
@@ -169,12 +176,9 @@ def saved_hooks_yielding(tracer: Any, disable: Callable[[str], Any]) -> Callable
     it by identity, and took this one for an unsupported call (a graph break)."""
     from xmem_engine.tracing.tracer import unpack_saved
 
-    top_of = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-
     @contextlib.contextmanager
     def disable_saved_tensors_hooks(error_message: str) -> Iterator[None]:
-        top = top_of(True) if top_of is not None else None
-        mine = top is not None and top[0] == tracer._pack
+        mine = bool(packs_on_top(tracer))
         if mine:
             torch._C._autograd._pop_saved_tensors_default_hooks()
         try:
