@@ -270,18 +270,24 @@ class DeviceMode(TorchFunctionMode):
         n = torch._C._len_torch_function_stack()
         return any(torch._C._get_function_stack_at(i) is self for i in range(n))
 
-    def in_backward_engine(self, run_backward: Callable[..., Any]) -> Callable[..., Any]:
+    def in_backward_engine(self, run_backward: Callable[..., Any], raised: Callable[[], None]) -> Callable[..., Any]:
         """autograd's engine (``torch.autograd._engine_run_backward``) with this mode back on:
         ``backward()`` reaches the engine from inside this mode's handler, where the mode is
         off, and the Python code that backward runs (FSDP's unshard and reduce-scatter hooks,
         custom Functions' backward, a checkpoint's recomputation) must see the virtual device
-        as forward did. The dispatch mode takes it off again for the aten ops (``AllocMode``)."""
+        as forward did. The dispatch mode takes it off again for the aten ops (``AllocMode``).
+        ``raised`` is called when a backward raises (an out-of-memory error), before the error
+        reaches the user's code: the tracer lets go of the graph it ran on."""
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            if self.on_stack():
-                return run_backward(*args, **kwargs)
-            with self:
-                return run_backward(*args, **kwargs)
+            try:
+                if self.on_stack():
+                    return run_backward(*args, **kwargs)
+                with self:
+                    return run_backward(*args, **kwargs)
+            except BaseException:
+                raised()
+                raise
 
         run.__wrapped__ = run_backward  # type: ignore[attr-defined]
         return run

@@ -459,13 +459,14 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
             tracer.shadows = Shadows()
             tracer.guesses = Guesses(tracer.shadows, fake_mode)
             stack.enter_context(patched_attr(torch.nn.Parameter, "__new__", fake_parameter_new(fake_mode)))
-        stack.enter_context(AllocMode(tracer))
+        alloc_mode = stack.enter_context(AllocMode(tracer))
         device_mode = tracer.device_mode = DeviceMode(tracer)
         if tracer.fake:
             stack.enter_context(patched_attr(FakeTensor, "device", fake_device_property(tracer, device_mode)))
         stack.enter_context(device_mode)
         stack.enter_context(patched_attr(torch.autograd, "_engine_run_backward",
-                                         device_mode.in_backward_engine(torch.autograd._engine_run_backward)))
+                                         device_mode.in_backward_engine(torch.autograd._engine_run_backward,
+                                                                        alloc_mode.backward_writes.forget)))
         import torch.utils.checkpoint as ckpt
 
         checks = getattr(ckpt, "_allowed_determinism_checks_to_fns", None)

@@ -96,10 +96,11 @@ class BackwardInPlace:
         return self._node is not None
 
     def forget(self) -> None:
-        """Let go of the last node (at the end of a backward; after one that raised, which never
-        runs its end-of-backward callbacks: the node, and the graph below it with every saved
-        activation, had stayed alive until the next backward, so that an out-of-memory retry at
-        a smaller batch (accelerate's ``find_executable_batch_size``) ran out of memory again)."""
+        """Let go of the last node (at the end of a backward; as one that raised leaves the
+        engine, since it never runs its end-of-backward callbacks: the node, and the graph below
+        it with every saved activation, had stayed alive past accelerate's ``empty_cache``, so
+        that each out-of-memory retry at a smaller batch started on the cache the failed try
+        shaped, and failed sooner than on a GPU)."""
         self._node, self._python_node, self._pass_through, self._forget_queued = None, False, False, False
         self._made.clear()
 
