@@ -33,3 +33,31 @@ def test_from_pretrained_with_a_device_map_loads_onto_the_virtual_gpu(tmp_path):
     assert "HF_DEACTIVATE_ASYNC_LOAD" not in os.environ and "USE_HUB_KERNELS" not in os.environ
     # transformers 5 would fetch Hub kernels for a model on cuda (a download; CUDA code): off, and said
     assert any("USE_HUB_KERNELS=NO" in n for n in tr.meta["notes"])
+
+
+def test_device_map_auto_offloads_to_the_cpu_and_each_offloaded_layer_visits_the_gpu(tmp_path):
+    """``device_map="auto"`` with more weights than the GPU takes: accelerate keeps what fits on
+    the GPU and offloads the rest, whose hooks bring a layer's weights to the GPU for its forward
+    and put them back on ``meta`` after it. That had failed (``FakeTensor(meta, requires_grad=...)``,
+    accelerate rebuilding a parameter from its class), then kept every offloaded layer on the GPU
+    (a ``meta`` copy counted as a GPU allocation)."""
+    from xmem_engine.tracing import trace
+
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=8000)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    code = (f"import torch, transformers\n"
+            f"m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, device_map='auto',\n"
+            f"    max_memory={{0: '12MiB', 'cpu': '1GiB'}}, dtype=torch.float16)\n"
+            f"places = set(m.hf_device_map.values())\n"
+            f"loaded = torch.cuda.memory_allocated()\n"
+            f"with torch.no_grad():\n"
+            f"    m(torch.ones(1, 8, dtype=torch.long, device='cuda'))\n"
+            f"    after = torch.cuda.memory_allocated()\n"
+            f"peak = torch.cuda.max_memory_allocated()\n")
+    ns: dict = {}
+    trace(code, ns, mode="fake")
+    layer = 2 * (4 * 256 * 256 + 3 * 256 * 1024)  # one decoder layer's fp16 weights
+    assert ns["places"] == {0, "cpu"}
+    assert ns["after"] == ns["loaded"]  # the offloaded layers went back to meta
+    assert ns["peak"] >= ns["loaded"] + layer  # ...after each visited the GPU

@@ -331,7 +331,7 @@ class AllocMode(TorchDispatchMode):
                 if rec.nbytes != nbytes:
                     tr.on_resized(func, t, st, key, nbytes)
                 continue
-            if budget is not None and nbytes >= CHECK_BYTES:  # real mode: stop before the host runs out
+            if budget is not None and nbytes >= CHECK_BYTES and not t.is_meta:  # real mode: stop before the host runs out
                 budget.check(nbytes)
             if host is not None and i in host:
                 continue

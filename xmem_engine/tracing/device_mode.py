@@ -151,6 +151,8 @@ class DeviceMode(TorchFunctionMode):
                 kwargs = dict(kwargs)
                 kwargs["device"] = CPU
                 target = Device.GPU if d.type == "cuda" else Device.HOST
+            elif d is not None and d.type == "meta":  # no memory anywhere (not the GPU's, as the input's)
+                target = Device.HOST
         # Inlined Tracer.call_scope: this runs for every torch function the code calls.
         saved = tr.scope
         tr.scope = CallScope(target, target is Device.GPU and not self.compiled_code, args, None,
@@ -236,6 +238,9 @@ class DeviceMode(TorchFunctionMode):
         if device is None or device.type not in ("cuda", "cpu"):
             if device is None:
                 return self._transfer(t, self.t.is_gpu(t), dtype, non_blocking, memory_format, copy)
+            if device.type == "meta":  # accelerate's offload hooks put a layer's weights back there
+                with self.t.call_scope(target=Device.HOST):
+                    return func(*args, **kwargs)
             return func(*args, **kwargs)
         return self._transfer(t, device.type == "cuda", dtype, non_blocking, memory_format, copy)
 

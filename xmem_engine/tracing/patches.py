@@ -219,6 +219,31 @@ def fake_parameter_new(fake_mode: Any) -> Callable:
     return __new__
 
 
+def fake_tensor_as_parameter_class() -> staticmethod:
+    """Fake mode: ``type(param)(data, requires_grad=...)`` makes a parameter, as it does on a GPU.
+
+    A fake parameter's ``type`` is ``FakeTensor`` (``isinstance(p, nn.Parameter)`` holds through
+    ``_is_param``), and libraries rebuild parameters from their class: accelerate's
+    ``set_module_tensor_to_device`` (every layer ``device_map="auto"`` offloads to the CPU or
+    disk) called ``FakeTensor(meta, requires_grad=False)`` and stopped the script
+    ("missing required argument: 'fake_mode'"). That call shape (a tensor and
+    ``requires_grad``, by name or position) is ``nn.Parameter``'s; every other goes to
+    FakeTensor's own."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    orig_new = vars(FakeTensor)["__new__"].__func__
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if cls is FakeTensor and args and isinstance(args[0], torch.Tensor):
+            if len(args) == 1 and set(kwargs) == {"requires_grad"}:
+                return torch.nn.Parameter(args[0], kwargs["requires_grad"])
+            if len(args) == 2 and isinstance(args[1], bool) and not kwargs:
+                return torch.nn.Parameter(args[0], args[1])
+        return orig_new(cls, *args, **kwargs)
+
+    return staticmethod(__new__)
+
+
 # Random initialisers skipped in fake mode. ``constant_``, ``ones_`` and ``zeros_`` run: a
 # fill costs nothing on a fake tensor, and a small one's values become known (a zero bias
 # keeps Adafactor's ``max(eps, rms)`` on the branch a GPU takes, see guesses.py).

@@ -46,7 +46,7 @@ from xmem_engine.tracing.patches import (
     INIT_FUNCTIONS,
     appended,
     cudnn_refused,
-    fake_parameter_new,
+    fake_parameter_new, fake_tensor_as_parameter_class,
     fresh_singletons,
     in_process_iterator,
     logger_level,
@@ -459,6 +459,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
             tracer.shadows = Shadows()
             tracer.guesses = Guesses(tracer.shadows, fake_mode)
             stack.enter_context(patched_attr(torch.nn.Parameter, "__new__", fake_parameter_new(fake_mode)))
+            stack.enter_context(patched_attr(FakeTensor, "__new__", fake_tensor_as_parameter_class()))
         alloc_mode = stack.enter_context(AllocMode(tracer))
         device_mode = tracer.device_mode = DeviceMode(tracer)
         if tracer.fake:
