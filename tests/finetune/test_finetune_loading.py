@@ -11,14 +11,20 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 
+def _saved_llama(path, **sizes):
+    """A small Llama's config, its checkpoint saved at ``path`` (nothing can be downloaded)."""
+    cfg = transformers.LlamaConfig(**sizes)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    return cfg
+
+
 def test_from_pretrained_with_a_device_map_loads_onto_the_virtual_gpu(tmp_path):
     import torch
 
     from xmem_engine.tracing import trace
 
-    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    cfg = _saved_llama(tmp_path, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
     code = (f"import torch, transformers\n"
             f"m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, device_map={{'': 0}},\n"
             f"    dtype=torch.bfloat16)\n"
@@ -43,9 +49,8 @@ def test_device_map_auto_offloads_to_the_cpu_and_each_offloaded_layer_visits_the
     (a ``meta`` copy counted as a GPU allocation)."""
     from xmem_engine.tracing import trace
 
-    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
-                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=8000)
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    _saved_llama(tmp_path, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=4, vocab_size=8000)
     code = (f"import torch, transformers\n"
             f"m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, device_map='auto',\n"
             f"    max_memory={{0: '12MiB', 'cpu': '1GiB'}}, dtype=torch.float16)\n"
