@@ -176,6 +176,7 @@ class Estimate:
             "top_tensors": self.top_tensors,
             "notes": self.notes,
             "guesses": list(self.trace.meta.get("guesses", ())) if self.trace is not None else [],
+            "batch_size_search": list(self.trace.meta.get("batch_size_search", ())) if self.trace is not None else [],
             "min_device_bytes": self.min_device_bytes,
             "oom_event": self.oom_event,
             "headline": self.headline,

@@ -87,3 +87,15 @@ def test_the_estimate_is_of_the_size_found_here_and_on_another_gpu():
     here = estimate_trace(tr, t4)
     assert here.fits and not here.oom
     assert not estimate_trace(tr, "H100-SXM-80GB").oom
+    # the search as data, for a scheduler to launch the run at the size found
+    search, = here.to_json()["batch_size_search"]
+    assert search["found"] == ns["found"] and search["where"] == f"<cell>:{SEARCH.splitlines().index('found = train()') + 1}"
+    assert [t["batch_size"] for t in search["tries"]] == ns["sizes"]
+    assert [t["outcome"] for t in search["tries"]] == ["out of memory"] * (len(ns["sizes"]) - 1) + ["ran"]
+    assert search["limit_bytes"] == search_limit(t4.properties())
+    jsonschema = pytest.importorskip("jsonschema")
+    import json
+    from pathlib import Path
+
+    schema = json.loads((Path(__file__).resolve().parents[2] / "xmem_engine/data/report.schema.json").read_text())
+    jsonschema.validate(here.to_report(), schema)

@@ -326,6 +326,8 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
         meta["compile"] = tracer.compiled.as_json()  # torch.compile for the target GPU (torch_compile.py)
     if tracer.managed_bytes:  # paged optimizer states (bitsandbytes_shim.py)
         meta["managed_bytes"] = tracer.managed_bytes
+    if tracer.batch_searches:  # accelerate's find_executable_batch_size (batch_size_search.py)
+        meta["batch_size_search"] = tracer.batch_searches
     notes = list(tracer.notes)
     made = tracer.guesses.guesses() if tracer.guesses is not None else []
     if made:

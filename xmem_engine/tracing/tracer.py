@@ -141,12 +141,12 @@ class Tracer:
         self.op_hooks: list[Callable[["Tracer", Any, tuple, dict, Any], None]] = []
         self.sdpa_calls = 0  # attention calls whose CUDA backend sdpa.py chose for this GPU
         self.conv_calls: list[list] = []  # GPU convolutions' cuDNN problems (convolutions.py)
-        # GEMMs that wrote into a tensor they did not allocate (``mm(..., out=buf)``: Inductor's
-        # extern kernels): [events before it, op, dtype, shape, phase, stream, module, source,
-        # iteration], for the cuBLAS workspaces (gpus/cuda_libraries.py), which follow a GEMM's output
+        # GEMMs that wrote into a tensor they did not allocate (``mm(..., out=buf)``: Inductor's extern
+        # kernels): [events before it, op, dtype, shape, phase, stream, module, source, iteration]
         self.gemm_into: list[list] = []
         self.repeat_span: tuple[int, int] | None = None  # the steady state's last pass, (first event, end) (steady.py)
         self.failed_tries: list[tuple[int, int]] = []  # out-of-memory tries' events (shims/batch_size_search.py)
+        self.batch_searches: list[dict] = []  # each batch-size search's tries, as data (the same module)
         self.cudnn_benchmark = False  # one ran with torch.backends.cudnn.benchmark on
         self.notes: list[str] = []  # what the estimate should tell about how this run was traced
         self.torch_target: tuple[int, int] | None = None  # the GPU run's PyTorch, when not this one
