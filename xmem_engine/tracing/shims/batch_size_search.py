@@ -57,22 +57,23 @@ def capacity(allocator: Any, limit: int) -> Iterator[None]:
         allocator.capacity = old
 
 
-def note(where: str, tries: list[list[Any]], limit: int) -> str:
-    said = ", ".join(f"{size} ({outcome})" for size, outcome, _ in tries)
-    found = as_data(where, tries, limit)["found"]
-    end = (f"the run goes on at batch size {found}" if found is not None else "no batch size ran to the end")
-    return (f"find_executable_batch_size at {where or '?'} (accelerate; Trainer's auto_find_batch_size) searched "
-            f"with the GPU's {limit / 2**30:.2f} GiB for PyTorch (its memory less the CUDA context, the kernels and cuBLAS's workspaces), "
-            f"as on the GPU: tried {said}; {end}. The estimate is of the run at the size found: the failed "
-            "tries filled the GPU up to its capacity before they failed, and what they freed is left out")
-
-
 def as_data(where: str, tries: list[list[Any]], limit: int) -> dict:
     """A search as the estimate's JSON gives it (``batch_size_search``): what a scheduler reads
     to launch the run at the size the GPU would settle on."""
     found = next((size for size, outcome, _ in tries if outcome == "ran"), None)
     return {"where": where or "?", "limit_bytes": limit, "found": found,
             "tries": [{"batch_size": size, "outcome": outcome} for size, outcome, _ in tries]}
+
+
+def note(search: dict) -> str:
+    """The notes' sentence for a search (``as_data``'s dict)."""
+    said = ", ".join(f"{t['batch_size']} ({t['outcome']})" for t in search["tries"])
+    found = search["found"]
+    end = (f"the run goes on at batch size {found}" if found is not None else "no batch size ran to the end")
+    return (f"find_executable_batch_size at {search['where']} (accelerate; Trainer's auto_find_batch_size) searched "
+            f"with the GPU's {search['limit_bytes'] / 2**30:.2f} GiB for PyTorch (its memory less the CUDA context, the kernels and cuBLAS's workspaces), "
+            f"as on the GPU: tried {said}; {end}. The estimate is of the run at the size found: the failed "
+            "tries filled the GPU up to its capacity before they failed, and what they freed is left out")
 
 
 def searching(original: Callable[..., Any], tracer: Any, limit: int) -> Callable[..., Any]:
@@ -108,8 +109,9 @@ def searching(original: Callable[..., Any], tracer: Any, limit: int) -> Callable
                 if tries:
                     ends = [t[2] for t in tries[1:]] + [len(tracer.events)]
                     tracer.failed_tries += [(t[2], end) for t, end in zip(tries, ends) if t[1] == OOM]
-                    tracer.notes.append(note(where, tries, limit))
-                    tracer.batch_searches.append(as_data(where, tries, limit))
+                    search = as_data(where, tries, limit)
+                    tracer.notes.append(note(search))
+                    tracer.batch_searches.append(search)
 
         return run
 
