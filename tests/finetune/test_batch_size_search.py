@@ -16,24 +16,7 @@ from xmem_engine.simulation.allocator import CachingAllocator  # noqa: E402
 from xmem_engine.tracing import trace  # noqa: E402
 from xmem_engine.tracing.shims.batch_size_search import search_limit  # noqa: E402
 
-GIB = 1 << 30
-# a small GPU: 3 GiB, less a 300 MiB context and 50 MiB of kernels
-SMALL = {"name": "Small GPU", "total_memory": 3 * GIB, "major": 8, "minor": 0, "multi_processor_count": 40,
-         "context_bytes": 300 << 20, "kernel_bytes": 50 << 20, "cudnn_bytes": 0}
-
-SETUP = """
-import torch
-torch.manual_seed(0)
-model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)]).cuda()
-opt = torch.optim.AdamW(model.parameters())
-
-def step(batch_size):
-    for _ in range(2):
-        x = torch.randn(batch_size, 64, 2048, device="cuda")
-        model(x).square().mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-"""
+from tests.tracing.test_oom_tries import SETUP, SMALL  # noqa: E402 (a 3 GiB GPU, a 4-layer MLP step)
 
 SEARCH = SETUP + """
 from accelerate.utils import find_executable_batch_size

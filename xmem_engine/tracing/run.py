@@ -79,6 +79,7 @@ from xmem_engine.tracing.compiler.torch_compile import COMPILE_MODES, CompiledCa
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.shims.profiler import profiler_on_the_host
 from xmem_engine.tracing.shims.batch_size_search import batch_size_search, without_failed_tries
+from xmem_engine.tracing.oom_tries import note as oom_note, oom_tries
 from xmem_engine.tracing.shims.hub_uploads import hub_writes_held_back
 from xmem_engine.tracing.shims.threads import threads_in_the_trace
 from xmem_engine.tracing.shims.triton_launches import triton_launches
@@ -212,8 +213,23 @@ def _trace_modes(code: Any, namespace: dict | None, mode: str, allocator: Any, d
                 "fake mode (--mode fake)")
         if fallback:
             tr.meta["fallback"] = fallback
+        if tr.meta.pop("exhausted_searches", None):  # every try ran out of memory (oom_tries.py)
+            if allocator is not None:
+                allocator.reset_peak_stats()
+            again = _trace_once(code, namespace, attempt, allocator, device, [*setup, _unlimited],
+                                max_iterations, world, budget)
+            searches = tr.meta["batch_size_search"]
+            again.meta["notes"] = [oom_note(s) for s in searches] + again.meta.get("notes", [])
+            again.meta["batch_size_search"] = searches + again.meta.get("batch_size_search", [])
+            again.meta.update({k: v for k, v in tr.meta.items() if k == "fallback"})
+            return again
         return tr
-    raise AssertionError("unreachable")  # pragma: no cover
+    raise AssertionError("unreachable")
+
+
+def _unlimited(tracer: Tracer) -> None:
+    """The trace after an exhausted search: its tries run whole (``oom_tries.py``)."""
+    tracer.oom_tries_off = True  # pragma: no cover
 
 
 def _more_memory() -> str:
@@ -327,8 +343,10 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
         meta["compile"] = tracer.compiled.as_json()  # torch.compile for the target GPU (torch_compile.py)
     if tracer.managed_bytes:  # paged optimizer states (bitsandbytes_shim.py)
         meta["managed_bytes"] = tracer.managed_bytes
-    if tracer.batch_searches:  # accelerate's find_executable_batch_size (batch_size_search.py)
+    if tracer.batch_searches:  # accelerate's find_executable_batch_size (batch_size_search.py), oom_tries.py's
         meta["batch_size_search"] = tracer.batch_searches
+        if tracer.oom_searches.exhausted():
+            meta["exhausted_searches"] = True
     notes = list(tracer.notes)
     made = tracer.guesses.guesses() if tracer.guesses is not None else []
     if made:
@@ -446,6 +464,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         stack.enter_context(threads_in_the_trace())  # a thread the code starts runs in the trace's modes
         stack.enter_context(profiler_on_the_host(tracer))  # torch.profiler: no CUDA activity to time
         stack.enter_context(batch_size_search(tracer, stack))  # auto_find_batch_size: OOM at the GPU's capacity
+        stack.enter_context(oom_tries(tracer))  # the code's own try/except OutOfMemoryError, likewise
         stack.enter_context(hub_writes_held_back(tracer, stack))  # push_to_hub: nothing sent to the Hub
         stack.enter_context(patched_attr(torch.autograd.graph, "disable_saved_tensors_hooks",  # torch.func.grad
                                          saved_hooks_yielding(tracer, torch.autograd.graph.disable_saved_tensors_hooks)))

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import builtins
 import linecache
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from xmem_engine.overrides import load_script
+from xmem_engine.overrides import parse_script
 from xmem_engine.trace import Trace
+from xmem_engine.tracing.oom_tries import mark as mark_oom_tries
 from xmem_engine.tracing.run import trace
 
 
@@ -47,7 +49,7 @@ def trace_script(
             raise ValueError(f"a symbolic {symbolic.variable} needs mode='fake', not {mode!r}")
         overrides = {**(overrides or {}), symbolic.variable: ast.Name(NAME, ast.Load())}
         setup.append(lambda tracer: setattr(tracer, "symbolic", symbolic))
-    code = load_script(path, overrides, source)
+    code = builtins.compile(mark_oom_tries(parse_script(path, overrides, source)), path, "exec", dont_inherit=True)
     if source is not None:  # the lines notes and tracebacks quote: this text, not the disk's
         linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
+from xmem_engine.tracing.oom_tries import mark as mark_oom_tries
 from xmem_engine.tracing.user_state import is_plain
 
 STEADY_STEPS = 2  # passes over the step by default: the second step is the steady state's
@@ -176,13 +177,11 @@ def _step_start(first: Pass, steps: int | None) -> tuple[int | None, str | None]
 def steady_code(source: str, filename: str, steps: int | None) -> types.CodeType:
     """``source`` compiled to run its training step ``steps`` times (:func:`passes`): 1 as
     written; None the steady state; N the step N times. Every statement keeps its lines."""
-    if steps == 1:
-        return compile(source, filename, "exec", dont_inherit=True)
-    tree = ast.parse(source, filename)
+    tree = mark_oom_tries(ast.parse(source, filename))  # the code's own batch-size searches
     future = [s for s in tree.body if isinstance(s, ast.ImportFrom) and s.module == "__future__"]
     body = [s for s in tree.body if s not in future]
-    if not body:
-        return compile(source, filename, "exec", dont_inherit=True)
+    if steps == 1 or not body:
+        return compile(tree, filename, "exec", dont_inherit=True)
     module = ast.Module(body=[*future, _as_passes(body, steps, filename)], type_ignores=[])
     ast.fix_missing_locations(module)
     return compile(module, filename, "exec", dont_inherit=True)

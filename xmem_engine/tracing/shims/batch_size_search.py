@@ -61,7 +61,7 @@ def as_data(where: str, tries: list[list[Any]], limit: int) -> dict:
     """A search as the estimate's JSON gives it (``batch_size_search``): what a scheduler reads
     to launch the run at the size the GPU would settle on."""
     found = next((size for size, outcome, _ in tries if outcome == "ran"), None)
-    return {"where": where or "?", "limit_bytes": limit, "found": found,
+    return {"where": where or "?", "by": "find_executable_batch_size", "limit_bytes": limit, "found": found,
             "tries": [{"batch_size": size, "outcome": outcome} for size, outcome, _ in tries]}
 
 

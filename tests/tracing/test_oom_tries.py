@@ -1,0 +1,191 @@
+"""A batch-size search the code writes itself (``try: ... except torch.cuda.OutOfMemoryError``)
+on the virtual GPU (``tracing/oom_tries.py``): its tries run out of memory where the target GPU's
+would, and the estimate is of the size the loop settles on. Before, the virtual GPU never ran
+out of memory, so the loop's first size "fitted" and the estimate was of it."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from xmem_engine.simulation import simulate
+from xmem_engine.simulation.allocator import CachingAllocator
+from xmem_engine.tracing import trace
+from xmem_engine.tracing.oom_tries import catches_oom, mark
+from xmem_engine.tracing.shims.batch_size_search import search_limit
+
+GIB = 1 << 30
+SMALL = {"name": "Small GPU", "total_memory": 3 * GIB, "major": 8, "minor": 0, "multi_processor_count": 40,
+         "context_bytes": 300 << 20, "kernel_bytes": 50 << 20, "cudnn_bytes": 0}
+
+SETUP = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)]).cuda()
+opt = torch.optim.AdamW(model.parameters())
+
+def step(batch_size):
+    for _ in range(2):
+        x = torch.randn(batch_size, 64, 2048, device="cuda")
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+"""
+
+HALVING = SETUP + """
+sizes = []
+batch_size = 4096
+while batch_size >= 1:
+    try:
+        sizes.append(batch_size)
+        step(batch_size)
+        break
+    except torch.cuda.OutOfMemoryError:
+        batch_size //= 2
+        torch.cuda.empty_cache()
+"""
+
+
+def _peak(tr) -> int:
+    return simulate(tr.events).peak_reserved_bytes
+
+
+def test_a_halving_loop_runs_out_of_memory_where_the_gpu_would_and_the_estimate_is_of_the_size_it_settles_on():
+    ns: dict = {}
+    tr = trace(HALVING, ns, mode="fake", device=SMALL)
+    sizes, found = ns["sizes"], ns["batch_size"]
+    assert sizes == [4096 >> i for i in range(len(sizes))] and found == sizes[-1] < 4096 and len(sizes) >= 3
+    limit = search_limit(SMALL)
+    # the size found fits the GPU's share and the size before it does not, each traced alone
+    tr_found = trace(SETUP + f"step({found})", {}, mode="fake", device=SMALL,
+                     allocator=CachingAllocator(capacity=limit))
+    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory."):
+        trace(SETUP + f"step({sizes[-2]})", {}, mode="fake", device=SMALL, allocator=CachingAllocator(capacity=limit))
+    # the estimate is that of the size found run alone: the failed tries' transients are left out
+    assert _peak(tr) == _peak(tr_found)
+    search, = tr.meta["batch_size_search"]
+    assert search["by"] == "try/except" and search["where"] == f"<cell>:{HALVING.splitlines().index('    try:') + 1}"
+    assert [t["outcome"] for t in search["tries"]] == ["out of memory"] * (len(sizes) - 1) + ["ran"]
+    assert search["limit_bytes"] == limit and search["found"] is None
+    assert any(n.startswith(f"The try at {search['where']}") and f"ran out of memory {len(sizes) - 1} times" in n
+               for n in tr.meta["notes"])
+
+
+def test_a_script_searches_as_a_cell_does(tmp_path: Path):
+    """``xmem estimate SCRIPT`` (``trace_script``): the try named by the script's file and line."""
+    from xmem_engine.tracing.script import trace_script
+
+    script = tmp_path / "train.py"
+    script.write_text(HALVING)
+    tr = trace_script(script, mode="fake", device=SMALL)
+    search, = tr.meta["batch_size_search"]
+    assert search["where"] == f"{script}:{HALVING.splitlines().index('    try:') + 1}"
+    assert search["tries"][-1]["outcome"] == "ran" and len(search["tries"]) >= 3
+
+
+def test_without_a_search_the_step_is_traced_whole_as_before():
+    """A step that fits never meets the limit, and a handler that re-raises is no search: the
+    estimate is of the step run whole (128 GiB asked for, where a GPU run would stop)."""
+    fits = SETUP + "try:\n    step(4)\nexcept torch.cuda.OutOfMemoryError:\n    pass\n"
+    tr = trace(fits, {}, mode="fake", device=SMALL)
+    assert "batch_size_search" not in tr.meta and _peak(tr) == _peak(trace(SETUP + "step(4)", {}, mode="fake", device=SMALL))
+    reraise = SETUP + "try:\n    step(4096)\nexcept torch.cuda.OutOfMemoryError:\n    print('too big')\n    raise\n"
+    tr = trace(reraise, {}, mode="fake", device=SMALL)
+    assert "batch_size_search" not in tr.meta and _peak(tr) > 8 * GIB
+
+
+def test_a_search_none_of_whose_tries_ran_is_traced_again_without_the_limit():
+    """Every size runs out of memory: the estimate says what the first try needs (and does not
+    fit), not what the GPU held when it gave up."""
+    code = SETUP + """
+batch_size = 4096
+while batch_size >= 1024:
+    try:
+        step(batch_size)
+        break
+    except RuntimeError as e:  # the spelling of code older than torch.cuda.OutOfMemoryError
+        if "out of memory" not in str(e):
+            raise
+        batch_size //= 2
+"""
+    ns: dict = {}
+    tr = trace(code, ns, mode="fake", device=SMALL)
+    assert ns["batch_size"] == 4096  # the second run: the first try ran whole
+    assert _peak(tr) == _peak(trace(SETUP + "step(4096)", {}, mode="fake", device=SMALL)) > 3 * GIB
+    search, = tr.meta["batch_size_search"]
+    assert [t["outcome"] for t in search["tries"]] == ["out of memory"] * 3
+    assert any("No pass ran to its end" in n for n in tr.meta["notes"])
+
+
+def test_a_loop_that_skips_a_batch_too_large_keeps_the_batches_that_fit():
+    code = SETUP + """
+skipped = []
+for size in (8, 4096, 16):
+    try:
+        step(size)
+    except torch.OutOfMemoryError:
+        skipped.append(size)
+        opt.zero_grad(set_to_none=True)
+"""
+    ns: dict = {}
+    tr = trace(code, ns, mode="fake", device=SMALL)
+    assert ns["skipped"] == [4096]
+    search, = tr.meta["batch_size_search"]
+    assert [t["outcome"] for t in search["tries"]] == ["ran", "out of memory", "ran"]
+    assert _peak(tr) < search_limit(SMALL)
+
+
+@pytest.mark.parametrize("handler, searches", [
+    ("except torch.cuda.OutOfMemoryError:\n    n //= 2", True),
+    ("except torch.OutOfMemoryError as e:\n    n //= 2", True),
+    ("except (ValueError, OutOfMemoryError):\n    n //= 2", True),
+    ("except RuntimeError as e:\n    if 'CUDA out of memory' in str(e):\n        n //= 2\n    else:\n        raise", True),
+    ("except Exception as e:\n    if isinstance(e, torch.cuda.OutOfMemoryError):\n        n //= 2", True),
+    ("except:\n    print('Out of memory, halving')\n    n //= 2", True),
+    ("except Exception:\n    pass", False),  # broad, and says nothing of memory
+    ("except torch.cuda.OutOfMemoryError:\n    print('too big')\n    raise", False),  # stops, as on the GPU
+    ("except torch.cuda.OutOfMemoryError:\n    sys.exit(1)", False),
+    ("except ValueError:\n    pass", False),
+])
+def test_which_handlers_are_searches(handler, searches):
+    tree = ast.parse(f"try:\n    step(n)\n{handler}\n")
+    assert catches_oom(tree.body[0].handlers[0]) is searches
+    marked = ast.unparse(mark(tree))
+    assert ("oom_tries" in marked) is searches
+
+
+def test_marking_keeps_the_lines_and_the_namespace():
+    """Tracebacks and notes show the user's lines; the calls name no variable in the user's
+    namespace, and a marked function called after the trace runs as written."""
+    source = "def f(n):\n    try:\n        return 1 // n\n    except torch.cuda.OutOfMemoryError:\n        return -1\n"
+    def lines(tree: ast.AST) -> set[int]:
+        return {n.lineno for n in ast.walk(tree) if hasattr(n, "lineno")}
+
+    tree = mark(ast.parse(source))
+    assert "enter(2)" in ast.unparse(tree) and lines(tree) == lines(ast.parse(source)) == {1, 2, 3, 4, 5}
+    ns: dict = {}
+    trace("import torch\n" + source + "f(1)\n", ns, mode="fake", device=SMALL)
+    assert not [k for k in ns if "xmem" in k]
+    from xmem_engine.tracing.steady import steady_code
+
+    outside: dict = {"torch": torch}
+    exec(steady_code(source, "<marked>", 1), outside)
+    assert outside["f"](2) == 0  # outside any trace: the marks do nothing
+    with pytest.raises(ZeroDivisionError) as info:
+        outside["f"](0)
+    assert info.traceback[-1].lineno + 1 == 3  # the user's line
+
+
+def test_the_search_as_data_validates_against_the_report_schema():
+    from xmem_engine.estimate import estimate_trace
+
+    jsonschema = pytest.importorskip("jsonschema")
+    tr = trace(HALVING, {}, mode="fake", device=SMALL)
+    report = estimate_trace(tr, "T4").to_report()
+    assert report["batch_size_search"][0]["tries"][0] == {"batch_size": None, "outcome": "out of memory"}
+    schema = json.loads((Path(__file__).resolve().parents[2] / "xmem_engine/data/report.schema.json").read_text())
+    jsonschema.validate(report, schema)

@@ -1,0 +1,202 @@
+"""A batch-size search the code writes itself (``try: <a step at a size> except
+torch.cuda.OutOfMemoryError: <a smaller size>``) runs out of memory where the target GPU would.
+
+Why: the virtual GPU has no capacity of its own (an estimate runs the step whole, to say how
+much it would need), so such a loop's first size always "fitted" and the estimate was of it:
+15.99 GiB on a 15 GiB T4 for a loop from 65,536 that the GPU would halve until it ran.
+Each ``try`` in the traced source whose handler catches CUDA's out-of-memory error
+(:func:`catches_oom`) gets two calls (:func:`mark`): while its body runs, the simulated
+device holds what the GPU gives PyTorch (``batch_size_search.search_limit``), and a request
+past it raises ``torch.OutOfMemoryError`` as the GPU does; each pass through the body is a
+try, recorded with its outcome. The estimate is of the run without the tries that ran out of
+memory (``batch_size_search.without_failed_tries``), as for accelerate's search. A search whose
+every try ran out of memory is traced again without the limit (``run.py``): then the estimate
+says how much its first try needs, not what was left after the GPU gave up.
+A handler that re-raises or exits is not a search: the GPU run stops there, and the estimate
+stays that of the step run whole.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import sys
+from typing import Any, Iterator
+
+import torch
+
+from xmem_engine.tracing.shims.batch_size_search import OOM, search_limit
+
+#: exception names a handler catches an out-of-memory error by: the error's own, and the broad
+#: ones when the handler reads "out of memory" in the message (``except RuntimeError as e: if
+#: "out of memory" in str(e)``, as code written before ``torch.cuda.OutOfMemoryError`` does)
+OOM_NAMES = frozenset({"OutOfMemoryError"})
+BROAD_NAMES = frozenset({"RuntimeError", "Exception", "BaseException"})
+EXITS = frozenset({"exit", "quit", "_exit"})
+MODULE = __name__
+
+
+def _names(node: ast.expr | None) -> list[str]:
+    if node is None:
+        return ["BaseException"]  # a bare ``except:``
+    if isinstance(node, ast.Tuple):
+        return [n for elt in node.elts for n in _names(elt)]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    return [node.id] if isinstance(node, ast.Name) else []
+
+
+def _reads_oom(handler: ast.ExceptHandler) -> bool:
+    for node in ast.walk(handler):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "out of memory" in node.value.lower():
+            return True
+        if isinstance(node, (ast.Name, ast.Attribute)) and _names(node) == ["OutOfMemoryError"]:
+            return True
+    return False
+
+
+def _gives_up(handler: ast.ExceptHandler) -> bool:
+    """The handler ends in ``raise`` or an exit: the run stops at the error, as on the GPU."""
+    last = handler.body[-1]
+    if isinstance(last, ast.Raise):
+        return True
+    call = last.value if isinstance(last, ast.Expr) else None
+    return isinstance(call, ast.Call) and bool(set(_names(call.func)) & EXITS)
+
+
+def catches_oom(handler: ast.ExceptHandler) -> bool:
+    """Whether ``handler`` catches CUDA's out-of-memory error and goes on (a search, or a loop
+    that skips a batch too large)."""
+    names = set(_names(handler.type))
+    if not names & OOM_NAMES and not (names & BROAD_NAMES and _reads_oom(handler)):
+        return False
+    return not _gives_up(handler)
+
+
+def _call(name: str, line: int) -> ast.stmt:
+    # ``__import__(MODULE, fromlist=...).name(line)``: no name of xmem's in the code's namespace
+    module = ast.Call(ast.Name("__import__", ast.Load()), [ast.Constant(MODULE)],
+                      [ast.keyword("fromlist", ast.Tuple([ast.Constant(name)], ast.Load()))])
+    return ast.Expr(ast.Call(ast.Attribute(module, name, ast.Load()), [ast.Constant(line)], []))
+
+
+class _Marker(ast.NodeTransformer):
+    def __init__(self) -> None:
+        self.marked = 0
+
+    def visit_Try(self, node: ast.Try) -> ast.Try:
+        self.generic_visit(node)
+        if any(catches_oom(h) for h in node.handlers):
+            inner = ast.Try(body=node.body, handlers=[], orelse=[], finalbody=[_call("leave", node.lineno)])
+            node.body = [_call("enter", node.lineno), inner]  # located at the try's line (mark)
+            self.marked += 1
+        return node
+
+
+def mark(tree: ast.Module) -> ast.Module:
+    """``tree`` with each ``try`` that catches out of memory marked (``try: enter(line); try:
+    <body> finally: leave(line)``); statements keep their lines. Unmarked when there is none."""
+    marker = _Marker()
+    tree = marker.visit(tree)
+    if marker.marked:
+        ast.fix_missing_locations(tree)
+    return tree
+
+
+class Searches:
+    """The tracer's searches: each marked ``try`` (by its file and line), its passes in order."""
+
+    def __init__(self, tracer: Any, limit: int) -> None:
+        self.tracer = tracer
+        self.limit = limit
+        self.open: list[tuple[str, int, int | None]] = []  # where, first event, the capacity before
+        self.tries: dict[str, list[list[Any]]] = {}  # where -> [outcome, first event, last event]
+
+    def enter(self, where: str) -> None:
+        allocator = self.tracer.allocator
+        self.open.append((where, len(self.tracer.events), allocator.capacity))
+        allocator.capacity = self.limit if allocator.capacity is None else min(allocator.capacity, self.limit)
+
+    def leave(self, error: BaseException | None) -> None:
+        where, start, capacity = self.open.pop()
+        self.tracer.allocator.capacity = capacity
+        outcome = "ran" if error is None else OOM if isinstance(error, torch.OutOfMemoryError) else "stopped"
+        self.tries.setdefault(where, []).append([outcome, start, len(self.tracer.events)])
+
+    def exhausted(self) -> list[str]:
+        """The searches none of whose tries ran (each ran out of memory)."""
+        return [w for w, tries in self.tries.items() if all(t[0] == OOM for t in tries)]
+
+    def finish(self) -> None:
+        """Failed tries out of the estimate; each search that ran out of memory in the notes and
+        ``batch_size_search``. A ``try`` that never ran out of memory searched nothing: unsaid."""
+        for where, tries in self.tries.items():
+            if not any(t[0] == OOM for t in tries):
+                continue
+            self.tracer.failed_tries += [(start, end) for outcome, start, end in tries if outcome == OOM]
+            search = as_data(where, tries, self.limit)
+            self.tracer.notes.append(note(search))
+            self.tracer.batch_searches.append(search)
+
+
+def as_data(where: str, tries: list[list[Any]], limit: int) -> dict:
+    """As ``batch_size_search.as_data``, for a search whose sizes are the code's variables: the
+    tries' outcomes in order, no sizes (``batch_size`` null), ``found`` null."""
+    return {"where": where, "limit_bytes": limit, "found": None, "by": "try/except",
+            "tries": [{"batch_size": None, "outcome": outcome} for outcome, _, _ in tries]}
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
+def note(search: dict) -> str:
+    """The notes' sentence for a search of the code's own (``as_data``'s dict)."""
+    outcomes = [t["outcome"] for t in search["tries"]]
+    failed, ran = outcomes.count(OOM), outcomes.count("ran")
+    first = outcomes.index(OOM) + 1
+    head = (f"The try at {search['where']} catches CUDA's out-of-memory error and goes on: on the GPU's "
+            f"{search['limit_bytes'] / 2**30:.2f} GiB for PyTorch (its memory less the CUDA context, the kernels and "
+            f"cuBLAS's workspaces) its body ran {_times(len(outcomes))} and ran out of memory {_times(failed)} "
+            f"(first on pass {first}), as on the GPU. ")
+    if ran:
+        return head + (f"The estimate is of the {_times(ran).replace('once', 'one pass').replace('times', 'passes')} "
+                       "that ran to the end: the failed ones filled the GPU up to its capacity before they failed, "
+                       "and what they freed is left out")
+    return head + ("No pass ran to its end, so the estimate is of the code traced again without the GPU's limit: "
+                   "what its first pass needs")
+
+
+_ACTIVE: list[Searches] = []  # the trace's searches, while it runs (one trace at a time)
+
+
+def enter(line: int) -> None:
+    """Called by a marked ``try`` as its body starts (:func:`mark`)."""
+    if _ACTIVE:
+        _ACTIVE[-1].enter(f"{sys._getframe(1).f_code.co_filename}:{line}")
+
+
+def leave(line: int) -> None:
+    """Called as a marked ``try``'s body ends, however it ends (its ``finally``)."""
+    if _ACTIVE and _ACTIVE[-1].open:
+        _ACTIVE[-1].leave(sys.exc_info()[1])
+
+
+@contextlib.contextmanager
+def oom_tries(tracer: Any) -> Iterator[Searches]:
+    """The marked ``try`` bodies run on the target GPU's capacity while the block lasts (not at
+    all where ``tracer.oom_tries_off``: the trace that follows an exhausted search)."""
+    vc = tracer.vc
+    searches = Searches(tracer, search_limit(vc.device_dict, vc.props.total_memory, vc.context_bytes))
+    tracer.oom_searches = searches
+    if getattr(tracer, "oom_tries_off", False):
+        yield searches
+        return
+    _ACTIVE.append(searches)
+    try:
+        yield searches
+    finally:
+        _ACTIVE.remove(searches)
+        while searches.open:  # a trace stopped inside a try (max_iterations): the device as it was
+            searches.leave(StopIteration())
+        searches.finish()
