@@ -82,3 +82,90 @@ def test_the_estimate_is_of_the_size_found_here_and_on_another_gpu():
 
     schema = json.loads((Path(__file__).resolve().parents[2] / "xmem_engine/data/report.schema.json").read_text())
     jsonschema.validate(here.to_report(), schema)
+
+
+LIGHTNING = """
+import torch
+import torch.nn as nn
+import lightning as L
+from lightning.pytorch.tuner import Tuner
+from torch.utils.data import DataLoader, TensorDataset
+
+class Net(L.LightningModule):
+    def __init__(self, batch_size=2):
+        super().__init__()
+        self.batch_size = batch_size
+        self.net = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1),
+                                 nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters())
+
+    def train_dataloader(self):
+        n = 4096
+        return DataLoader(TensorDataset(torch.zeros(n, 3, 64, 64), torch.zeros(n, dtype=torch.long)),
+                          batch_size=self.batch_size)
+
+model = Net(BATCH)
+trainer = L.Trainer(accelerator="gpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False)
+SEARCH_LINE
+trainer.fit(model)
+"""
+TUNE = "found = Tuner(trainer).scale_batch_size(model, mode='power', steps_per_trial=1)"
+
+
+def test_lightnings_batch_size_finder_searches_on_the_gpu_and_the_estimate_is_of_the_size_it_found():
+    """Lightning's finder doubles the size until a trial runs out of memory (to 8,192 by
+    default): it had doubled to 8,192 and the estimate was of that."""
+    pytest.importorskip("lightning")
+    ns: dict = {}
+    tr = trace(LIGHTNING.replace("BATCH", "2").replace("SEARCH_LINE", TUNE), ns, mode="fake", device=SMALL)
+    found = ns["found"]
+    search, = tr.meta["batch_size_search"]
+    assert search["by"] == "scale_batch_size" and search["found"] == found
+    sizes = [t["batch_size"] for t in search["tries"]]
+    assert sizes == [2 << i for i in range(len(sizes))] and sizes[-2] == found < 8192
+    assert [t["outcome"] for t in search["tries"]] == ["ran"] * (len(sizes) - 1) + ["out of memory"]
+    # the estimate is that of the run at the size found, traced alone (allocated bytes: the
+    # finder's trials leave the allocator's cache as a first step does not)
+    alone = trace(LIGHTNING.replace("BATCH", str(found)).replace("SEARCH_LINE", ""), {}, mode="fake", device=SMALL)
+    assert simulate(tr.events).peak_allocated_bytes == simulate(alone.events).peak_allocated_bytes
+    assert any(n.startswith("Lightning's batch size finder at <cell>:") for n in tr.meta["notes"])
+
+
+def test_a_search_bound_while_a_trace_ran_searches_in_the_next_trace_and_not_outside_one():
+    """``accelerate.utils`` binds the decorator as it loads, inside the trace that imports it: a
+    second trace in the same process (a notebook's next cell) searches with its own GPU, and
+    the decorator outside a trace is accelerate's own."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = f"""
+from xmem_engine.tracing import trace
+from tests.tracing.test_oom_tries import SETUP, SMALL
+SEARCH = {SEARCH!r}
+for gpu in (SMALL, dict(SMALL, total_memory=2 * SMALL["total_memory"])):
+    ns = {{}}
+    tr = trace(SEARCH, ns, mode="fake", device=gpu)
+    print(ns["found"], tr.meta["batch_size_search"][0]["limit_bytes"])
+import accelerate.utils
+calls = []
+@accelerate.utils.find_executable_batch_size(starting_batch_size=64)
+def f(batch_size):
+    calls.append(batch_size)
+f()
+print(calls)
+"""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    (small, small_limit), (big, big_limit), calls = [line.split() for line in out.stdout.splitlines()[-3:]]
+    assert int(big) > int(small) and int(big_limit) > int(small_limit) == search_limit(SMALL)
+    assert calls == ["[64]"]
