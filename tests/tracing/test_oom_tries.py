@@ -121,6 +121,15 @@ while batch_size >= 1024:
     assert any("No pass ran to its end" in n for n in tr.meta["notes"])
 
 
+def test_a_broad_handler_around_a_step_that_does_not_fit_is_estimated_whole():
+    """``try: train() except Exception: traceback.print_exc()``: on the GPU the handler catches
+    the out-of-memory error; the estimate is still of the step run whole, not of what was left."""
+    code = SETUP + "try:\n    step(4096)\nexcept Exception:\n    import traceback\n    traceback.print_exc()\n"
+    tr = trace(code, {}, mode="fake", device=SMALL)
+    assert _peak(tr) == _peak(trace(SETUP + "step(4096)", {}, mode="fake", device=SMALL)) > 3 * GIB
+    assert [t["outcome"] for t in tr.meta["batch_size_search"][0]["tries"]] == ["out of memory"]
+
+
 def test_a_loop_that_skips_a_batch_too_large_keeps_the_batches_that_fit():
     code = SETUP + """
 skipped = []
@@ -146,7 +155,9 @@ for size in (8, 4096, 16):
     ("except RuntimeError as e:\n    if 'CUDA out of memory' in str(e):\n        n //= 2\n    else:\n        raise", True),
     ("except Exception as e:\n    if isinstance(e, torch.cuda.OutOfMemoryError):\n        n //= 2", True),
     ("except:\n    print('Out of memory, halving')\n    n //= 2", True),
-    ("except Exception:\n    pass", False),  # broad, and says nothing of memory
+    ("except Exception:\n    traceback.print_exc()", True),  # it catches the error on the GPU too
+    ("except RuntimeError:  # Out of memory\n    oom = True", True),  # PyTorch's FAQ
+    ("except MemoryError:\n    pass", False),  # the host's
     ("except torch.cuda.OutOfMemoryError:\n    print('too big')\n    raise", False),  # stops, as on the GPU
     ("except torch.cuda.OutOfMemoryError:\n    sys.exit(1)", False),
     ("except ValueError:\n    pass", False),
@@ -156,6 +167,14 @@ def test_which_handlers_are_searches(handler, searches):
     assert catches_oom(tree.body[0].handlers[0]) is searches
     marked = ast.unparse(mark(tree))
     assert ("oom_tries" in marked) is searches
+
+
+def test_in_a_class_only_a_handler_that_names_the_error_is_marked():
+    """A module's method may be compiled by Dynamo: a broad handler there is left as written."""
+    source = ("class M(torch.nn.Module):\n    def forward(self, x):\n        try:\n            return self.a(x)\n"
+              "        except Exception:\n            return self.b(x)\n")
+    assert "oom_tries" not in ast.unparse(mark(ast.parse(source)))
+    assert "oom_tries" in ast.unparse(mark(ast.parse(source.replace("Exception", "torch.OutOfMemoryError"))))
 
 
 def test_marking_keeps_the_lines_and_the_namespace():
