@@ -116,25 +116,39 @@ trainer = L.Trainer(accelerator="gpu", devices=1, max_steps=2, logger=False, ena
 SEARCH_LINE
 trainer.fit(model)
 """
-TUNE = "found = Tuner(trainer).scale_batch_size(model, mode='power', steps_per_trial=1)"
+TUNE = "found = Tuner(trainer).scale_batch_size(model, mode='MODE', steps_per_trial=1); after = model.batch_size"
 
 
-def test_lightnings_batch_size_finder_searches_on_the_gpu_and_the_estimate_is_of_the_size_it_found():
+@pytest.mark.parametrize("mode", ["power", "binsearch"])
+def test_lightnings_batch_size_finder_searches_on_the_gpu_and_the_estimate_is_of_the_size_it_found(mode):
     """Lightning's finder doubles the size until a trial runs out of memory (to 8,192 by
-    default): it had doubled to 8,192 and the estimate was of that."""
+    default): it had doubled to 8,192 and the estimate was of that. Binary search then narrows
+    down, and takes a margin of 5 % off the largest size that ran."""
     pytest.importorskip("lightning")
     ns: dict = {}
-    tr = trace(LIGHTNING.replace("BATCH", "2").replace("SEARCH_LINE", TUNE), ns, mode="fake", device=SMALL)
+    tr = trace(LIGHTNING.replace("BATCH", "2").replace("SEARCH_LINE", TUNE.replace("MODE", mode)), ns, mode="fake",
+               device=SMALL)
     found = ns["found"]
     search, = tr.meta["batch_size_search"]
-    assert search["by"] == "scale_batch_size" and search["found"] == found
+    assert search["by"] == "scale_batch_size" and search["found"] == found == ns["after"]
     sizes = [t["batch_size"] for t in search["tries"]]
-    assert sizes == [2 << i for i in range(len(sizes))] and sizes[-2] == found < 8192
-    assert [t["outcome"] for t in search["tries"]] == ["ran"] * (len(sizes) - 1) + ["out of memory"]
+    doubled = sizes[:next(i for i, t in enumerate(search["tries"]) if t["outcome"] == "out of memory") + 1]
+    assert doubled == [2 << i for i in range(len(doubled))] and doubled[-1] < 8192
+    largest = max(t["batch_size"] for t in search["tries"] if t["outcome"] == "ran")
+    if mode == "power":
+        assert sizes == doubled and found == largest == doubled[-2]
+        assert [t["outcome"] for t in search["tries"]] == ["ran"] * (len(sizes) - 1) + ["out of memory"]
+    else:
+        assert len(sizes) > len(doubled) and found == int(largest * 0.95) < largest
     # the estimate is that of the run at the size found, traced alone (allocated bytes: the
-    # finder's trials leave the allocator's cache as a first step does not)
-    alone = trace(LIGHTNING.replace("BATCH", str(found)).replace("SEARCH_LINE", ""), {}, mode="fake", device=SMALL)
-    assert simulate(tr.events).peak_allocated_bytes == simulate(alone.events).peak_allocated_bytes
+    # finder's trials leave the allocator's cache as a first step does not); after a binary
+    # search, the trials at the largest size that ran held more than the run at the size found
+    def alone(size: int) -> int:
+        tr = trace(LIGHTNING.replace("BATCH", str(size)).replace("SEARCH_LINE", ""), {}, mode="fake", device=SMALL)
+        return simulate(tr.events).peak_allocated_bytes
+
+    peak = simulate(tr.events).peak_allocated_bytes
+    assert peak == alone(found) if mode == "power" else alone(found) < peak <= alone(largest)
     assert any(n.startswith("Lightning's batch size finder at <cell>:") for n in tr.meta["notes"])
 
 

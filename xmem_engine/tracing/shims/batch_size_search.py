@@ -69,12 +69,14 @@ SEARCHES = {"find_executable_batch_size": "find_executable_batch_size at {} (acc
             "scale_batch_size": "Lightning's batch size finder at {} (Tuner.scale_batch_size, BatchSizeFinder)"}
 
 
-def as_data(where: str, tries: list[list[Any]], limit: int, by: str = "find_executable_batch_size") -> dict:
+def as_data(where: str, tries: list[list[Any]], limit: int, by: str = "find_executable_batch_size",
+            found: Any = None) -> dict:
     """A search as the estimate's JSON gives it (``batch_size_search``): what a scheduler reads
-    to launch the run at the size the GPU would settle on."""
-    ran = [size for size, outcome, _ in tries if outcome == "ran"]
-    # accelerate stops at the first size that runs; Lightning's finder keeps the largest
-    found = (ran[0] if by == "find_executable_batch_size" else max(ran)) if ran else None
+    to launch the run at the size the GPU would settle on. ``found``: the size the search
+    returned (Lightning's, which may take a margin off the largest that ran); else accelerate's,
+    the first that ran."""
+    if found is None:
+        found = next((size for size, outcome, _ in tries if outcome == "ran"), None)
     return {"where": where or "?", "by": by, "limit_bytes": limit, "found": found,
             "tries": [{"batch_size": size, "outcome": outcome} for size, outcome, _ in tries]}
 
@@ -90,14 +92,14 @@ def note(search: dict) -> str:
             "tries: they filled the GPU up to its capacity before they failed, and what they freed is left out")
 
 
-def record(tracer: Any, where: str, tries: list[list[Any]], limit: int, by: str) -> None:
+def record(tracer: Any, where: str, tries: list[list[Any]], limit: int, by: str, found: Any = None) -> None:
     """A finished search's tries (``[size, outcome, first event]``): the failed ones' events out
     of the estimate, the search in the notes and ``batch_size_search``."""
     if not tries:
         return
     ends = [t[2] for t in tries[1:]] + [len(tracer.events)]
     tracer.failed_tries += [(t[2], end) for t, end in zip(tries, ends) if t[1] == OOM]
-    search = as_data(where, tries, limit, by)
+    search = as_data(where, tries, limit, by, found)
     tracer.notes.append(note(search))
     tracer.batch_searches.append(search)
 
@@ -126,14 +128,16 @@ class Searching:
         self.size: Any = None  # Lightning's: the size its last _adjust_batch_size set
         self.tries: list[list[Any]] | None = None  # Lightning's: the trials of the search running
 
-    def run(self, by: str, tries: list[list[Any]], call: Callable[[], Any]) -> Any:
-        """``call()``, a search, on a device of ``limit`` bytes; ``tries`` recorded after it."""
-        where = user_frame(3)
+    def run(self, by: str, tries: list[list[Any]], call: Callable[[], Any], returns_size: bool = False) -> Any:
+        """``call()``, a search, on a device of ``limit`` bytes; ``tries`` recorded after it
+        (``returns_size``: what it returns is the size found)."""
+        where, out = user_frame(3), None
         try:
             with capacity(self.tracer.allocator, self.limit):
-                return call()
+                out = call()
+            return out
         finally:
-            record(self.tracer, where, tries, self.limit, by)
+            record(self.tracer, where, tries, self.limit, by, out if returns_size and isinstance(out, int) else None)
 
 
 _ACTIVE: list[Searching] = []
@@ -210,7 +214,7 @@ def _scale_batch_size(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         search.tries = tries = []
         try:
-            return search.run("scale_batch_size", tries, lambda: original(*args, **kwargs))
+            return search.run("scale_batch_size", tries, lambda: original(*args, **kwargs), returns_size=True)
         finally:
             search.tries = None
 
