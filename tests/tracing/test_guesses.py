@@ -246,3 +246,16 @@ def test_numpy_of_a_large_unknown_tensor_is_zeros_and_stays_in_fake_mode():
     (g,) = [g for g in fake.meta["guesses"] if g["what"].startswith("Tensor.numpy()")]
     assert (g["where"], g["kind"]) == ("<cell>:6", "rule") and g["value"].startswith("zeros (512 x 4096, float32")
     assert alloc_stream(fake) == alloc_stream(trace(METRICS_STEP, {}, mode="real"))
+
+
+def test_a_guessed_number_brings_no_warning_of_xmems_own():
+    """``float(loss)`` of a guess is a FakeFloat (a float subclass): Python's DeprecationWarning
+    about ``__float__`` returning a subclass named xmem's type at the user's line."""
+    import warnings
+
+    code = ("import torch\nm = torch.nn.Linear(4, 4).cuda()\ny = m(torch.randn(2, 4, device='cuda')).sum()\n"
+            "v = float(y.detach()) + int(y.detach())\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trace(code, {}, mode="fake")
+    assert not [str(w.message) for w in caught if "Fake" in str(w.message)]

@@ -413,6 +413,10 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         # a GPU tensor's data_ptr() is the code's to ask (CUDA graphs, Triton launches); the fake
         # tensors standing in for it are xmem's, so FakeTensor's deprecation is not the user's
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor is deprecated")
+        # float(t) / int(t) of a guessed value is a FakeFloat / FakeInt (a subclass, to be told
+        # apart as a guess): Python's warning about the subclass is about xmem's doing, not the code's
+        warnings.filterwarnings("ignore", message=r".*returned non-(float|int) \(type Fake(Float|Int)\)",
+                                category=DeprecationWarning)
         # oneDNN kernels are a CPU choice (e.g. the LSTM's mkldnn_rnn_layer allocates a
         # workspace of its own); without them real CPU execution takes the same generic
         # paths as fake tensors.
