@@ -259,3 +259,27 @@ def test_a_guessed_number_brings_no_warning_of_xmems_own():
         warnings.simplefilter("always")
         trace(code, {}, mode="fake")
     assert not [str(w.message) for w in caught if "Fake" in str(w.message)]
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_a_warning_from_reading_a_number_names_the_users_line(mode):
+    """A C++ warning names the innermost Python frame: on a GPU the code's ``float(loss)``,
+    under the tracer its mode's method (``xmem_engine/tracing/device_mode.py``) did. torch warns
+    once a process: each mode in a fresh one."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = f"""
+import warnings
+from xmem_engine.tracing import trace
+cell = "import torch\\nm = torch.nn.Linear(4, 4).cuda()\\nloss = m(torch.randn(2, 4, device='cuda')).sum()\\nv = float(loss)\\n"
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    trace(cell, {{}}, mode={mode!r})
+print([(w.filename, w.lineno) for w in caught if "to a scalar" in str(w.message)])
+"""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[('<cell>', 4)]"  # (torch 2.10 to 2.14 warn of it)

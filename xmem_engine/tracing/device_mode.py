@@ -23,7 +23,7 @@ from xmem_engine.tracing.kernels import einsum_lowering
 from xmem_engine.tracing.shims import packed_sequences
 from xmem_engine.tracing.kernels.sdpa import tracer_handler
 from xmem_engine.tracing.errors import NeedsRealValues
-from xmem_engine.tracing.frames import as_torch_error, user_frame
+from xmem_engine.tracing.frames import as_torch_error, user_frame, warning_where_torch_would
 from xmem_engine.tracing.fake.placeholders import placeholder
 from xmem_engine.tracing.scope import CPU, CallScope, Device
 from xmem_engine.tracing.symbolic import full_slices
@@ -126,6 +126,8 @@ class DeviceMode(TorchFunctionMode):
                 _T.tolist: self._needs_value,
                 _T.__deepcopy__: self._deepcopy,
             })
+        else:  # a number read from a tensor: its warnings at the code's line, not this mode's
+            self.special.update(dict.fromkeys((_T.item, _T.__float__, _T.__int__), self._scalar))
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -297,13 +299,16 @@ class DeviceMode(TorchFunctionMode):
         run.__wrapped__ = run_backward  # type: ignore[attr-defined]
         return run
 
-    # -- values (fake mode)
+    # -- values
+    def _scalar(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        return warning_where_torch_would(lambda: func(*args, **kwargs))
+
     def _item(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """A number that may be logged freely; its use in control flow is a noted guess."""
         g = self.t.guesses
         g.defer += 1
         try:
-            return func(*args, **kwargs)
+            return warning_where_torch_would(lambda: func(*args, **kwargs))
         except NeedsRealValues:
             return placeholder(args[0].dtype, g.scalar(args[0]), g.decide)
         finally:
@@ -347,7 +352,7 @@ class DeviceMode(TorchFunctionMode):
         g = self.t.guesses
         g.defer += 1
         try:
-            return func(*args, **kwargs)
+            return warning_where_torch_would(lambda: func(*args, **kwargs))
         except NeedsRealValues:
             name = getattr(func, "__name__", str(func))
             what, read = _VALUE_READS.get(name, (f"Tensor.{name}", func))

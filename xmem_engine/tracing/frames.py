@@ -14,6 +14,7 @@ import sysconfig
 import threading
 import traceback
 import types
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -68,6 +69,28 @@ def user_frame(depth: int = 2) -> str:
             return f"{fn}:{f.f_lineno}"
         f = f.f_back
     return getattr(thread_origin, "where", "")
+
+
+def warning_where_torch_would(call: Callable[[], Any]) -> Any:
+    """``call()``, with the warnings it raises shown at the innermost frame outside xmem. A
+    C++ warning (``Converting a tensor with requires_grad=True to a scalar``) names the
+    innermost Python frame: on a GPU the code that asked, under the tracer its mode's method."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            return call()
+    finally:
+        f: types.FrameType | None = sys._getframe(1) if caught else None
+        while f is not None and f.f_code.co_filename.startswith(XMEM_DIR):
+            f = f.f_back
+        for w in caught:  # through the caller's own filters, once per its line as Python does
+            if f is None:
+                warnings.warn(w.message, w.category)
+            else:
+                g = f.f_globals
+                warnings.warn_explicit(w.message, w.category, f.f_code.co_filename, f.f_lineno,
+                                       module=g.get("__name__"), registry=g.setdefault("__warningregistry__", {}))
 
 
 def library_frame(depth: int = 2, skip: frozenset[types.CodeType] = frozenset()) -> str:
