@@ -98,9 +98,9 @@ def test_without_a_search_the_step_is_traced_whole_as_before():
     assert "batch_size_search" not in tr.meta and _peak(tr) > 8 * GIB
 
 
-def test_a_search_none_of_whose_tries_ran_is_traced_again_without_the_limit():
+def test_a_search_none_of_whose_tries_ran_is_traced_again_without_the_limit(capsys):
     """Every size runs out of memory: the estimate says what the first try needs (and does not
-    fit), not what the GPU held when it gave up."""
+    fit), not what the GPU held when it gave up. The code's output is the GPU run's, once."""
     code = SETUP + """
 batch_size = 4096
 while batch_size >= 1024:
@@ -111,10 +111,12 @@ while batch_size >= 1024:
         if "out of memory" not in str(e):
             raise
         batch_size //= 2
+print("settled on", batch_size)
 """
     ns: dict = {}
     tr = trace(code, ns, mode="fake", device=SMALL)
     assert ns["batch_size"] == 4096  # the second run: the first try ran whole
+    assert capsys.readouterr().out.splitlines() == ["settled on 512"]
     assert _peak(tr) == _peak(trace(SETUP + "step(4096)", {}, mode="fake", device=SMALL)) > 3 * GIB
     search, = tr.meta["batch_size_search"]
     assert [t["outcome"] for t in search["tries"]] == ["out of memory"] * 3

@@ -12,6 +12,7 @@ import builtins
 import contextlib
 import dataclasses
 import gc
+import io
 import linecache
 import logging
 import os
@@ -216,8 +217,9 @@ def _trace_modes(code: Any, namespace: dict | None, mode: str, allocator: Any, d
         if tr.meta.pop("exhausted_searches", None):  # every try ran out of memory (oom_tries.py)
             if allocator is not None:
                 allocator.reset_peak_stats()
-            again = _trace_once(code, namespace, attempt, allocator, device, [*setup, _unlimited],
-                                max_iterations, world, budget)
+            with contextlib.redirect_stdout(io.StringIO()):  # the code's output, shown once, is the GPU run's
+                again = _trace_once(code, namespace, attempt, allocator, device, [*setup, _unlimited],
+                                    max_iterations, world, budget)
             searches = tr.meta["batch_size_search"]
             again.meta["notes"] = [oom_note(s) for s in searches] + again.meta.get("notes", [])
             again.meta["batch_size_search"] = searches + again.meta.get("batch_size_search", [])
