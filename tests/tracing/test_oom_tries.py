@@ -87,6 +87,29 @@ def test_a_script_searches_as_a_cell_does(tmp_path: Path):
     assert search["tries"][-1]["outcome"] == "ran" and len(search["tries"]) >= 3
 
 
+def test_a_search_in_a_module_of_the_users_searches_too(tmp_path: Path):
+    """``from searchlib import find_batch_size``, a file beside the script: marked as it loads
+    in the trace, and nothing written to its ``__pycache__``."""
+    import sys
+
+    from xmem_engine.tracing.oom_tries import UserModules
+    from xmem_engine.tracing.script import trace_script
+
+    (tmp_path / "searchlib_xmem_test.py").write_text(
+        "import torch\n\ndef find(step, bs):\n    while bs:\n        try:\n            step(bs)\n            return bs\n"
+        "        except torch.cuda.OutOfMemoryError:\n            bs //= 2\n")
+    script = tmp_path / "train.py"
+    script.write_text(SETUP + "from searchlib_xmem_test import find\nfound = find(step, 4096)\n")
+    try:
+        tr = trace_script(script, mode="fake", device=SMALL)
+    finally:
+        sys.modules.pop("searchlib_xmem_test", None)
+    search, = tr.meta["batch_size_search"]
+    assert search["where"] == f"{tmp_path / 'searchlib_xmem_test.py'}:5" and search["tries"][-1]["outcome"] == "ran"
+    assert not (tmp_path / "__pycache__").exists()
+    assert not [f for f in sys.meta_path if isinstance(f, UserModules)]
+
+
 def test_without_a_search_the_step_is_traced_whole_as_before():
     """A step that fits never meets the limit, and a handler that re-raises is no search: the
     estimate is of the step run whole (128 GiB asked for, where a GPU run would stop)."""

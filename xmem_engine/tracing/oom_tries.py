@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import importlib.machinery
 import sys
 from typing import Any, Iterator
 
 import torch
 
+from xmem_engine.tracing.frames import is_user_file
 from xmem_engine.tracing.shims.batch_size_search import OOM, search_limit
 
 #: exception names a handler catches CUDA's out-of-memory error by: its own, and those it derives
@@ -94,11 +96,57 @@ class _Marker(ast.NodeTransformer):
 def mark(tree: ast.Module) -> ast.Module:
     """``tree`` with each ``try`` that catches out of memory marked (``try: enter(line); try:
     <body> finally: leave(line)``); statements keep their lines. Unmarked when there is none."""
+    return _marked(tree)[0]
+
+
+def _marked(tree: ast.Module) -> tuple[ast.Module, int]:
     marker = _Marker()
     tree = marker.visit(tree)
     if marker.marked:
         ast.fix_missing_locations(tree)
-    return tree
+    return tree, marker.marked
+
+
+class _MarkedSource(importlib.machinery.SourceFileLoader):
+    """A user's module compiled with its out-of-memory handlers marked (never from or into
+    ``__pycache__``: the marks are the trace's, not the file's)."""
+
+    tree: ast.Module | None = None
+
+    def marks(self) -> bool:
+        source = self.get_data(self.path).decode("utf-8", "replace")
+        if "except" not in source:
+            return False
+        self.tree, count = _marked(ast.parse(source, self.path))
+        return count > 0
+
+    def get_code(self, fullname: str) -> Any:
+        return compile(self.tree, self.path, "exec", dont_inherit=True)
+
+
+class UserModules:
+    """A meta-path finder: a module of the user's (not a library's: ``frames.is_user_file``)
+    that the traced code imports, and that catches out of memory, loads marked, as the traced
+    code is. Packages found to be libraries are passed over by name after their first import."""
+
+    def __init__(self) -> None:
+        self.libraries: set[str] = set(sys.builtin_module_names)
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        root = name.partition(".")[0]
+        if root in self.libraries:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+            return None
+        if not is_user_file(spec.origin or ""):
+            self.libraries.add(root)
+            return None
+        loader = _MarkedSource(spec.name, spec.origin)
+        if not loader.marks():
+            return None
+        spec.loader = loader
+        return spec
 
 
 class Searches:
@@ -183,7 +231,8 @@ def leave(line: int) -> None:
 @contextlib.contextmanager
 def oom_tries(tracer: Any) -> Iterator[Searches]:
     """The marked ``try`` bodies run on the target GPU's capacity while the block lasts (not at
-    all where ``tracer.oom_tries_off``: the trace that follows an exhausted search)."""
+    all where ``tracer.oom_tries_off``: the trace that follows an exhausted search); the user's
+    modules the code imports meanwhile are marked as they load (:class:`UserModules`)."""
     vc = tracer.vc
     searches = Searches(tracer, search_limit(vc.device_dict, vc.props.total_memory, vc.context_bytes))
     tracer.oom_searches = searches
@@ -191,9 +240,12 @@ def oom_tries(tracer: Any) -> Iterator[Searches]:
         yield searches
         return
     _ACTIVE.append(searches)
+    finder = UserModules()
+    sys.meta_path.insert(0, finder)
     try:
         yield searches
     finally:
+        sys.meta_path.remove(finder)
         _ACTIVE.remove(searches)
         while searches.open:  # a trace stopped inside a try (max_iterations): the device as it was
             searches.leave(StopIteration())
