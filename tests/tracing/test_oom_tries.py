@@ -110,6 +110,23 @@ def test_a_search_in_a_module_of_the_users_searches_too(tmp_path: Path):
     assert not [f for f in sys.meta_path if isinstance(f, UserModules)]
 
 
+def test_a_search_an_earlier_cell_defined_searches_and_keeps_its_code():
+    """A notebook: ``def find(...)`` with the try in one cell, the ``%%xmem`` cell calls it. The
+    function runs marked code while the trace lasts and its own after."""
+    import linecache
+
+    source = ("import torch\n\ndef find(step, bs):\n    while bs:\n        try:\n            step(bs)\n"
+              "            return bs\n        except torch.cuda.OutOfMemoryError:\n            bs //= 2\n")
+    linecache.cache["<earlier cell>"] = (len(source), None, source.splitlines(True), "<earlier cell>")
+    ns: dict = {}
+    exec(compile(source, "<earlier cell>", "exec"), ns)
+    own = ns["find"].__code__
+    tr = trace(SETUP + "found = find(step, 4096)\n", ns, mode="fake", device=SMALL)
+    search, = tr.meta["batch_size_search"]
+    assert search["where"] == "<earlier cell>:5" and ns["found"] < 4096
+    assert ns["find"].__code__ is own
+
+
 def test_without_a_search_the_step_is_traced_whole_as_before():
     """A step that fits never meets the limit, and a handler that re-raises is no search: the
     estimate is of the step run whole (128 GiB asked for, where a GPU run would stop)."""

@@ -21,7 +21,9 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib.machinery
+import linecache
 import sys
+import types
 from typing import Any, Iterator
 
 import torch
@@ -122,6 +124,50 @@ class _MarkedSource(importlib.machinery.SourceFileLoader):
 
     def get_code(self, fullname: str) -> Any:
         return compile(self.tree, self.path, "exec", dont_inherit=True)
+
+
+def marked_code(fn: Any) -> types.CodeType | None:
+    """A function's code with its out-of-memory handlers marked, compiled again from its source
+    (``linecache``: a notebook's earlier cell, the user's file); None where it has none, or
+    closes over variables (its code could not be swapped in)."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType) or code.co_freevars or not is_user_file(code.co_filename):
+        return None
+    source = "".join(linecache.getlines(code.co_filename))
+    if "except" not in source:
+        return None
+    try:
+        tree = ast.parse(source, code.co_filename)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name and \
+                min([node.lineno] + [d.lineno for d in node.decorator_list]) == code.co_firstlineno:
+            node.decorator_list = []  # the code object only: the function object has them already
+            module, count = _marked(ast.Module(body=[node], type_ignores=[]))
+            if not count:
+                return None
+            compiled = compile(module, code.co_filename, "exec", dont_inherit=True)
+            return next(c for c in compiled.co_consts if isinstance(c, types.CodeType) and c.co_name == code.co_name)
+    return None
+
+
+@contextlib.contextmanager
+def marked_functions(namespace: dict | None) -> Iterator[None]:
+    """The namespace's functions (an earlier notebook cell's ``def find_batch_size(...)``) run
+    their marked code while the block lasts, their own after."""
+    swapped: list[tuple[Any, types.CodeType]] = []
+    for value in list((namespace or {}).values()):
+        if isinstance(value, types.FunctionType):
+            new = marked_code(value)
+            if new is not None:
+                swapped.append((value, value.__code__))
+                value.__code__ = new
+    try:
+        yield
+    finally:
+        for fn, code in swapped:
+            fn.__code__ = code
 
 
 class UserModules:

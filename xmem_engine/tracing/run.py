@@ -80,7 +80,7 @@ from xmem_engine.tracing.compiler.torch_compile import COMPILE_MODES, CompiledCa
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.shims.profiler import profiler_on_the_host
 from xmem_engine.tracing.shims.batch_size_search import batch_size_search, without_failed_tries
-from xmem_engine.tracing.oom_tries import note as oom_note, oom_tries
+from xmem_engine.tracing.oom_tries import marked_functions, note as oom_note, oom_tries
 from xmem_engine.tracing.shims.hub_uploads import hub_writes_held_back
 from xmem_engine.tracing.shims.threads import threads_in_the_trace
 from xmem_engine.tracing.shims.triton_launches import triton_launches
@@ -321,7 +321,8 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
                 with ScriptEnd() as script_end:  # os._exit and atexit kept inside the trace
                     os_exit = False
                     try:
-                        with standing_in_for_main(main) if main is not None else contextlib.nullcontext():
+                        with standing_in_for_main(main) if main is not None else contextlib.nullcontext(), \
+                                marked_functions(namespace):  # an earlier cell's search (oom_tries.py)
                             run_user_code(code, scratch)
                     except SystemExit as e:  # ``sys.exit(main())`` at the end of a script, or ``os._exit``
                         if e.code not in (None, 0):
