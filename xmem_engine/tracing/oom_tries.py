@@ -133,9 +133,11 @@ def marked_code(fn: Any) -> types.CodeType | None:
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType) or code.co_freevars or not is_user_file(code.co_filename):
         return None
-    source = "".join(linecache.getlines(code.co_filename))
-    if "except" not in source:
+    lines = linecache.getlines(code.co_filename)
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=0)
+    if "except" not in "".join(lines[code.co_firstlineno - 1:last]):  # (most functions: no parse)
         return None
+    source = "".join(lines)
     try:
         tree = ast.parse(source, code.co_filename)
     except SyntaxError:
