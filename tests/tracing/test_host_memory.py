@@ -64,6 +64,16 @@ def test_real_mode_stops_before_the_host_runs_out(monkeypatch):
     assert trace(BIG_REAL, {}, mode="fake").mode == "fake"  # fake mode needs no host memory for them
 
 
+def test_a_tensor_the_host_refuses_outright_is_real_modes_limit_not_the_codes_error():
+    """More than the machine has at once (a batch-size search's first size): the CPU allocator
+    refuses it, and the estimate says real mode could not hold it, not "the code raised
+    RuntimeError" (a search's ``except torch.cuda.OutOfMemoryError`` did not catch it either)."""
+    code = ("import torch\ntry:\n    x = torch.empty(1 << 50, dtype=torch.uint8, device='cuda')\n"
+            "except torch.cuda.OutOfMemoryError:\n    pass\n")
+    with pytest.raises(HostMemoryError, match=r"real mode was stopped at <cell>:3: .*fake mode"):
+        trace(code, {}, mode="real")
+
+
 def test_auto_does_not_start_a_real_run_the_fake_attempt_showed_too_big(monkeypatch):
     _cap(monkeypatch, 200 * MiB)
     with pytest.raises(HostMemoryError) as ei:

@@ -17,6 +17,7 @@ In backward, gradient sums are rewritten in place as CUDA's autograd does them
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from xmem_engine.tracing.fake.fake_fastpaths import FAST_FAKE
 from xmem_engine.tracing.frames import as_torch_error, user_frame
 from xmem_engine.tracing.kernels.grad_accumulation import BackwardInPlace
 from xmem_engine.tracing.fake.guesses import BEFORE_FAKE
-from xmem_engine.tracing.host_memory import CHECK_BYTES
+from xmem_engine.tracing.host_memory import CHECK_BYTES, HostMemoryExceeded
 from xmem_engine.tracing.scope import CPU, CallScope, Device
 from xmem_engine.tracing.symbolic import is_symbolic
 from xmem_engine.tracing.tracer import Tracer, tensors_in
@@ -313,7 +314,13 @@ class AllocMode(TorchDispatchMode):
             rule = CUDA_DTYPES.get(func)
             out = rule(*args, **kwargs) if rule is not None and self._on_gpu(args, kwargs) else NotImplemented
             if out is NotImplemented:
-                out = func(*args, **kwargs)
+                try:
+                    out = func(*args, **kwargs)
+                except RuntimeError as e:
+                    err = _host_refused(e, tr)
+                    if err is None:
+                        raise
+                    raise err from None
         live = tr.live
         gpu: bool | None = None
         conv_copies = None
@@ -444,6 +451,21 @@ class AllocMode(TorchDispatchMode):
                 if t.untyped_storage()._cdata in live:
                     return True
         return False if found else tr.factory_on_gpu()
+
+
+_CPU_REFUSED = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes")
+
+
+def _host_refused(e: RuntimeError, tr: Tracer) -> BaseException | None:
+    """Real mode: the host refused a tensor outright (more than the machine has, a batch-size
+    search's first size): real mode's own limit, said as such (``HostMemoryExceeded``), not an
+    error of the code's. (A search does not go on to the next size: that one may fit the host's
+    allocator yet fill its memory.)"""
+    m = _CPU_REFUSED.search(str(e))
+    if m is None:
+        return None
+    budget = tr.host_budget
+    return HostMemoryExceeded(int(m.group(1)), budget.limit_bytes if budget is not None else 0, user_frame(3))
 
 
 def _custom_without_fake_kernel(func: Any, e: BaseException) -> bool:
