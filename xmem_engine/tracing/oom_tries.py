@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib.machinery
+import importlib.util
 import linecache
 import sys
 import types
@@ -116,7 +117,7 @@ class _MarkedSource(importlib.machinery.SourceFileLoader):
     tree: ast.Module | None = None
 
     def marks(self) -> bool:
-        source = self.get_data(self.path).decode("utf-8", "replace")
+        source = importlib.util.decode_source(self.get_data(self.path))  # its coding cookie, as import reads it
         if "except" not in source:
             return False
         self.tree, count = _marked(ast.parse(source, self.path))
