@@ -127,6 +127,30 @@ def test_a_search_an_earlier_cell_defined_searches_and_keeps_its_code():
     assert ns["find"].__code__ is own
 
 
+def test_another_threads_try_holds_nothing_to_the_gpus_memory():
+    """A thread's own ``try ... except Exception`` (a logger) while the code trains past the
+    GPU's memory: the estimate stays that of the step run whole, and no search is said."""
+    code = SETUP + """
+import threading
+go, done = threading.Event(), threading.Event()
+def logger():
+    try:
+        go.set()
+        done.wait(30)
+    except Exception:
+        pass
+t = threading.Thread(target=logger)
+t.start()
+go.wait(30)
+step(4096)
+done.set()
+t.join()
+"""
+    tr = trace(code, {}, mode="fake", device=SMALL)
+    assert "batch_size_search" not in tr.meta
+    assert _peak(tr) == _peak(trace(SETUP + "step(4096)", {}, mode="fake", device=SMALL)) > 3 * GIB
+
+
 def test_without_a_search_the_step_is_traced_whole_as_before():
     """A step that fits never meets the limit, and a handler that re-raises is no search: the
     estimate is of the step run whole (128 GiB asked for, where a GPU run would stop)."""

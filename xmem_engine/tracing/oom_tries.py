@@ -24,6 +24,7 @@ import importlib.machinery
 import importlib.util
 import linecache
 import sys
+import threading
 import types
 from typing import Any, Iterator
 
@@ -206,6 +207,9 @@ class Searches:
         self.limit = limit
         self.open: list[tuple[str, int, int | None]] = []  # where, first event, the capacity before
         self.tries: dict[str, list[list[Any]]] = {}  # where -> [outcome, first event, last event]
+        # the thread that traces: another thread's try (a logger's ``except Exception``) neither
+        # holds the device to the GPU's memory for everyone nor interleaves with its tries
+        self.thread = threading.get_ident()
 
     def enter(self, where: str) -> None:
         allocator = self.tracer.allocator
@@ -267,13 +271,13 @@ _ACTIVE: list[Searches] = []  # the trace's searches, while it runs (one trace a
 
 def enter(line: int) -> None:
     """Called by a marked ``try`` as its body starts (:func:`mark`)."""
-    if _ACTIVE:
+    if _ACTIVE and _ACTIVE[-1].thread == threading.get_ident():
         _ACTIVE[-1].enter(f"{sys._getframe(1).f_code.co_filename}:{line}")
 
 
 def leave(line: int) -> None:
     """Called as a marked ``try``'s body ends, however it ends (its ``finally``)."""
-    if _ACTIVE and _ACTIVE[-1].open:
+    if _ACTIVE and _ACTIVE[-1].open and _ACTIVE[-1].thread == threading.get_ident():
         _ACTIVE[-1].leave(sys.exc_info()[1])
 
 
