@@ -244,6 +244,17 @@ def test_in_a_class_only_a_handler_that_names_the_error_is_marked():
     assert "oom_tries" in ast.unparse(mark(ast.parse(source.replace("Exception", "torch.OutOfMemoryError"))))
 
 
+@pytest.mark.parametrize("source", [
+    "@torch.compile\ndef step(x):\n    try:\n        return f(x)\n    except Exception:\n        return g(x)\n",
+    "@torch.compile(mode='max-autotune')\ndef step(x):\n    try:\n        return f(x)\n    except torch.OutOfMemoryError:\n        return g(x)\n",
+    "def step(x):\n    try:\n        return f(x)\n    except Exception:\n        return g(x)\nfast = torch.compile(step)\n",
+])
+def test_a_function_dynamo_compiles_is_left_as_written(source):
+    """The marks' calls would break Dynamo's graph, and it ran the whole frame eagerly."""
+    assert "oom_tries" not in ast.unparse(mark(ast.parse(source)))
+    assert "oom_tries" in ast.unparse(mark(ast.parse(source.replace("step", "other", 1).replace("@torch.compile(mode='max-autotune')\n", "").replace("@torch.compile\n", ""))))
+
+
 def test_marking_keeps_the_lines_and_the_namespace():
     """Tracebacks and notes show the user's lines; the calls name no variable in the user's
     namespace, and a marked function called after the trace runs as written."""

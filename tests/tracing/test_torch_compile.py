@@ -897,3 +897,15 @@ shapes = (tuple(g["weight"].shape), tuple(eager["weight"].shape))
     assert ns["shapes"] == ((1024, 1024), (1024, 1024))
     assert tr.meta["compile"]["graphs"] == 1 and tr.meta["compile"]["failures"] == 0
     assert not [n for n in tr.meta["notes"] if "graph break" in n]
+
+
+def test_a_compiled_function_with_a_try_is_compiled():
+    """``@torch.compile def step(x): try: ... except Exception:``: the out-of-memory marks
+    (``oom_tries.py``) are left out of it, and Dynamo compiles it as on the GPU (it had compiled
+    no graph and the step ran eagerly)."""
+    code = (
+        "import torch\nmodel = torch.nn.Linear(256, 256).cuda()\n\n@torch.compile\ndef step(x):\n    try:\n"
+        "        y = model(x)\n    except Exception:\n        y = model(x * 0)\n    return y.square().mean()\n\n"
+        "step(torch.randn(64, 256, device='cuda')).backward()\n")
+    tr = trace(code, {}, mode="fake")
+    assert tr.meta["compile"]["graphs"] == 1

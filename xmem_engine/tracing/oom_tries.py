@@ -77,16 +77,44 @@ def _call(name: str, line: int) -> ast.stmt:
     return ast.Expr(ast.Call(ast.Attribute(module, name, ast.Load()), [ast.Constant(line)], []))
 
 
+def compiled_names(tree: ast.Module) -> set[str]:
+    """Names of the functions the code hands to ``torch.compile`` (``torch.compile(step)``,
+    ``torch.compile(self.step)``): their bodies are Dynamo's to trace."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and "compile" in _names(node.func):
+            names.update(_names(node.args[0]))
+    return names
+
+
+def _is_compiled(node: ast.FunctionDef | ast.AsyncFunctionDef, names: set[str]) -> bool:
+    """``@torch.compile`` (with or without arguments), or handed to it by name."""
+    return node.name in names or any(
+        "compile" in _names(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list)
+
+
 class _Marker(ast.NodeTransformer):
-    def __init__(self) -> None:
+    """Marks the handlers; not in a function Dynamo compiles: the marks' calls (``__import__``,
+    the allocator's capacity) would break its graph, and Dynamo then ran the whole frame
+    eagerly (a compiled step with ``try: ... except Exception`` was estimated uncompiled)."""
+
+    def __init__(self, compiled: set[str]) -> None:
         self.marked = 0
         self.classes = 0  # how deep in class bodies the visit is
+        self.compiled = compiled
 
     def visit_ClassDef(self, node: ast.ClassDef) -> ast.ClassDef:
         self.classes += 1
         self.generic_visit(node)
         self.classes -= 1
         return node
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
+        if not _is_compiled(node, self.compiled):
+            self.generic_visit(node)
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
 
     def visit_Try(self, node: ast.Try) -> ast.Try:
         self.generic_visit(node)
@@ -103,8 +131,8 @@ def mark(tree: ast.Module) -> ast.Module:
     return _marked(tree)[0]
 
 
-def _marked(tree: ast.Module) -> tuple[ast.Module, int]:
-    marker = _Marker()
+def _marked(tree: ast.Module, compiled: set[str] | None = None) -> tuple[ast.Module, int]:
+    marker = _Marker(compiled_names(tree) if compiled is None else compiled)
     tree = marker.visit(tree)
     if marker.marked:
         ast.fix_missing_locations(tree)
@@ -147,8 +175,11 @@ def marked_code(fn: Any) -> types.CodeType | None:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name and \
                 min([node.lineno] + [d.lineno for d in node.decorator_list]) == code.co_firstlineno:
+            names = compiled_names(tree)
+            if _is_compiled(node, names):
+                return None
             node.decorator_list = []  # the code object only: the function object has them already
-            module, count = _marked(ast.Module(body=[node], type_ignores=[]))
+            module, count = _marked(ast.Module(body=[node], type_ignores=[]), names)
             if not count:
                 return None
             compiled = compile(module, code.co_filename, "exec", dont_inherit=True)
