@@ -180,7 +180,7 @@ def trace(
 def _trace_modes(code: Any, namespace: dict | None, mode: str, allocator: Any, device: dict | None,
                  setup: Iterable[Callable[[Tracer], Any]], max_iterations: int | None, world: World | None) -> Trace:
     setup = list(setup)
-    before = dict(namespace) if namespace is not None else {}  # (an exhausted search runs the code again from it)
+    before = dict(namespace) if namespace is not None else None  # (an exhausted search runs the code again from it)
     attempts = [Mode.FAKE, Mode.REAL] if mode == Mode.AUTO else [Mode(mode)]
     fallback = ""
     needed = 0
@@ -218,11 +218,14 @@ def _trace_modes(code: Any, namespace: dict | None, mode: str, allocator: Any, d
         if tr.meta.pop("exhausted_searches", None):  # every try ran out of memory (oom_tries.py)
             if allocator is not None:
                 allocator.reset_peak_stats()
-            return _without_the_limit(tr, lambda: _trace_once(
-                code, namespace, attempt, allocator, device, [*setup, _unlimited], max_iterations, world, budget),
-                namespace, before)
+            # the code run again from the namespace it started with (a copy: what the user sees
+            # is the first run's, the GPU's), its output kept back
+            with contextlib.redirect_stdout(io.StringIO()):
+                again = _trace_once(code, before, attempt, allocator, device, [*setup, _unlimited],
+                                    max_iterations, world, budget)
+            return _without_the_limit(tr, again)
         return tr
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _unlimited(tracer: Tracer) -> None:
@@ -230,32 +233,14 @@ def _unlimited(tracer: Tracer) -> None:
     tracer.oom_tries_off = True
 
 
-def _without_the_limit(tr: Trace, rerun: Callable[[], Trace], namespace: dict | None, before: dict | None) -> Trace:
-    """The trace after a search none of whose tries ran: the code run again (``rerun``) from
-    the namespace it started with, its tries whole. What the user sees is the first run's, the
-    GPU's: its output (the rerun's is kept back) and the values it left in the namespace."""
-    def changed() -> dict:
-        return {k: v for k, v in namespace.items() if before.get(k, _NO) is not v} if namespace is not None else {}
-
-    def reset(keys: Iterable[str]) -> None:
-        for k in keys:
-            if k in before:
-                namespace[k] = before[k]
-            else:
-                namespace.pop(k, None)
-
-    left = changed()
-    reset(left)
-    with contextlib.redirect_stdout(io.StringIO()):
-        again = rerun()
-    reset(changed())
-    if namespace is not None:
-        namespace.update(left)
+def _without_the_limit(tr: Trace, again: Trace) -> Trace:
+    """``again``, the trace after a search none of whose tries ran (its tries run whole), with
+    the first trace's searches in its notes and ``batch_size_search``."""
     searches = tr.meta["batch_size_search"]
     again.meta["notes"] = [oom_note(s) for s in searches] + again.meta.get("notes", [])
     again.meta["batch_size_search"] = searches + again.meta.get("batch_size_search", [])
     again.meta.update({k: v for k, v in tr.meta.items() if k == "fallback"})
-    return again  # pragma: no cover
+    return again
 
 
 def _more_memory() -> str:
