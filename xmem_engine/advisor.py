@@ -34,6 +34,7 @@ import torch
 
 from xmem_engine.advisor_cost import RANKING, Cost
 from xmem_engine.estimate import Estimate, estimate_trace, max_batch, resolve_gpu
+from xmem_engine.overrides import batch_var_in
 from xmem_engine.gpus import GPU
 from xmem_engine.tracing.patches import patched_attr
 from xmem_engine.tracing.compiler.torch_compile import why_not_compiled
@@ -105,8 +106,8 @@ class Advice:
         setting += [f"PYTORCH_CUDA_ALLOC_CONF={self.alloc_conf}"] if self.alloc_conf else []
         lines = [b.headline + (f" ({', '.join(setting)})" if setting else "")]
         if self.batch_var_inferred:
-            lines.append(f"(the batch size: {self.batch_var}, the one batch-size name the code assigns; "
-                         "--batch-var to name another)")
+            lines.append(f"(the batch size: {self.batch_var}, the one batch-size name the code assigns or passes "
+                         "to a call; --batch-var to name another)")
         lines += ["", f"{'lever':38s} {'peak':>10s}  {'':30s} cost"]
         for m in self.levers:
             if m.error:
@@ -395,32 +396,6 @@ def set_to_none_patch(gpu: GPU) -> Iterator[None]:
 
 
 #: names a batch size goes by in training scripts and notebooks, most specific first
-BATCH_NAMES = ("batch_size", "batch", "bs", "train_batch_size", "micro_batch_size", "mini_batch_size")
-
-
-def infer_batch_var(knobs: dict[str, Any]) -> str | None:
-    """The batch-size variable, when the code assigns exactly one of :data:`BATCH_NAMES` a
-    positive integer (``knobs``: its top-level literals): without one, the advisor cannot try
-    gradient accumulation or a smaller batch, the levers a student needs most (issue #35)."""
-    found = [n for n in BATCH_NAMES if type(knobs.get(n)) is int and knobs[n] >= 1]
-    return found[0] if len(found) == 1 else None
-
-
-def batch_var_in(source: str, overrides: dict[str, str] | None = None) -> str | None:
-    """:func:`infer_batch_var` of a script's or cell's source, with ``--set`` values applied
-    (None for source that does not parse: the trace says where)."""
-    import ast
-
-    from xmem_engine.overrides import top_level_literals
-
-    try:
-        knobs = top_level_literals(ast.parse(source))
-    except SyntaxError:
-        return None
-    knobs.update({k: int(v) for k, v in (overrides or {}).items() if v.isdigit()})
-    return infer_batch_var(knobs)
-
-
 def levers(gpu: GPU, batch_var: str | None) -> list[Lever]:
     """The levers, cheapest first by :data:`~xmem_engine.advisor_cost.RANKING` (``Cost.key``)."""
     half = "bfloat16" if _half(gpu) == torch.bfloat16 else "float16"
@@ -449,9 +424,11 @@ def levers(gpu: GPU, batch_var: str | None) -> list[Lever]:
     ]
     if batch_var:
         for k in (2, 4):
-            out.append(Lever(f"gradient accumulation x{k}",
-                             f"{batch_var} //= {k}; accumulate {k} micro-batches: (loss / {k}).backward(), "
-                             f"optimizer.step() every {k}",
+            change = (f"{batch_var} //= {k}; accumulate {k} micro-batches: (loss / {k}).backward(), "
+                      f"optimizer.step() every {k}")
+            if batch_var == "per_device_train_batch_size":  # a Trainer's config: it accumulates itself
+                change = f"{batch_var}=<divided by {k}>, gradient_accumulation_steps=<multiplied by {k}>"
+            out.append(Lever(f"gradient accumulation x{k}", change,
                              Cost(micro_steps=k, note="same effective batch; batch norm sees the micro-batch"),
                              batch_divisor=k, patch=accumulation_patch))
         out.append(Lever("largest batch that fits", f"{batch_var} = <the largest that fits>",

@@ -2,8 +2,11 @@
 
 An override replaces the value of a top-level assignment (``batch_size = 32``), also one
 inside a top-level ``if __name__ == "__main__":`` block, so a user can ask "what if the batch
-were 64" without editing the file. The script is compiled from its AST with the file's own
-path and line numbers, so tracebacks point at the user's lines.
+were 64" without editing the file. Where the script assigns no such name, the override
+replaces the literal of every keyword argument of that name in a call
+(``SFTConfig(per_device_train_batch_size=4)``, ``DataLoader(ds, batch_size=64)``): fine-tuning
+scripts write their knobs into a trainer's config, not into variables. The script is compiled
+from its AST with the file's own path and line numbers, so tracebacks point at the user's lines.
 
 One grammar for everything that runs a script with overrides: ``xmem estimate --set``, the
 tracer (``tracing/script.py``), the widget's batch slider (:func:`rewrite_source`, on the
@@ -20,7 +23,8 @@ from typing import Any, Iterable
 
 
 class OverrideError(ValueError):
-    """A ``--set`` that is malformed or names no top-level assignment of the script."""
+    """A ``--set`` that is malformed or names neither a top-level assignment of the script nor
+    a keyword argument it gives a literal."""
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, str]:
@@ -73,21 +77,44 @@ def _is_main_guard(test: ast.expr) -> bool:
     )
 
 
+def _is_literal_node(node: ast.expr) -> bool:
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return False
+    return True
+
+
+def keyword_sites(tree: ast.Module, name: str) -> list[ast.keyword]:
+    """Every ``name=<literal>`` keyword argument of a call in the script, in the order of the
+    source (functions' bodies included: a ``main()`` builds the trainer's config). A keyword
+    given a variable (``batch_size=bs``) is not one: the variable is the knob."""
+    sites = [kw for node in ast.walk(tree) if isinstance(node, ast.Call) for kw in node.keywords
+             if kw.arg == name and _is_literal_node(kw.value)]
+    return sorted(sites, key=lambda kw: (kw.value.lineno, kw.value.col_offset))
+
+
 def _overridden(tree: ast.Module, overrides: dict[str, str], filename: str) -> list[tuple[Any, str]]:
-    """The top-level assignments (statement, name) that ``overrides`` change: the ones
-    :func:`apply_overrides` and :func:`rewrite_source` both rewrite."""
-    out = []
+    """The nodes with a ``.value`` (statement or keyword, name) that ``overrides`` change: the
+    ones :func:`apply_overrides` and :func:`rewrite_source` both rewrite. A name's top-level
+    assignments where it has any, else its :func:`keyword_sites`."""
+    out: list[tuple[Any, str]] = []
     for stmt in _top_level_statements(tree):
         for name in _assigned_names(stmt):
             if name in overrides:
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) > 1:
                     raise OverrideError(f"{filename}:{stmt.lineno}: cannot override {name!r} in a chained assignment")
                 out.append((stmt, name))
+    assigned = {name for _, name in out}
+    for name in overrides:
+        if name not in assigned:
+            out.extend((kw, name) for kw in keyword_sites(tree, name))
     return out
 
 
 def apply_overrides(tree: ast.Module, overrides: dict[str, str], filename: str) -> ast.Module:
-    """Replace the value of every top-level assignment to each overridden name."""
+    """Replace the value of every top-level assignment to each overridden name (of every
+    keyword argument of that name, where the script assigns none)."""
     found: set[str] = set()
     for stmt, name in _overridden(tree, overrides, filename):
         stmt.value = ast.copy_location(_value_node(overrides[name]), stmt.value)
@@ -95,13 +122,14 @@ def apply_overrides(tree: ast.Module, overrides: dict[str, str], filename: str) 
         found.add(name)
     missing = sorted(set(overrides) - found)
     if missing:
-        raise OverrideError(f"{filename} has no top-level assignment to {', '.join(missing)} (for --set)")
+        raise OverrideError(f"{filename} has no top-level assignment to {', '.join(missing)} and no call "
+                            f"with {' or '.join(f'{m}=<a literal>' for m in missing)} (for --set)")
     return tree
 
 
 def rewrite_source(source: str, overrides: dict[str, str], filename: str = "<cell>") -> tuple[str, set[str]]:
     """``source`` with the value of every top-level assignment to each overridden name (the
-    ones :func:`apply_overrides` changes) replaced in the text, in place: every other line
+    ones :func:`apply_overrides` changes, keyword arguments included) replaced in the text, in place: every other line
     keeps its number and text, so tracebacks and the flame chart's source lines stay right
     and show the value that ran. Returns the text and the names it found (a cell that does
     not assign the batch variable takes it from its namespace instead)."""
@@ -122,8 +150,27 @@ def _col(line: str, byte_offset: int) -> int:
     return len(line.encode("utf-8")[:byte_offset].decode("utf-8", errors="ignore"))
 
 
+def keyword_value(tree: ast.Module, name: str, where: str = "the code") -> Any:
+    """The literal every ``name=...`` keyword argument of the script gives (:func:`keyword_sites`);
+    :data:`NO_VALUE` when there is none. ``OverrideError`` when they differ: one value cannot
+    stand for them all, and ``--set`` would make them one."""
+    values = [(kw.value.lineno, ast.literal_eval(kw.value)) for kw in keyword_sites(tree, name)]
+    if not values:
+        return NO_VALUE
+    if any(v != values[0][1] or type(v) is not type(values[0][1]) for _, v in values):
+        listed = ", ".join(f"{v!r} at line {line}" for line, v in values)
+        raise OverrideError(f"{where} gives {name}= different values ({listed}); --set {name}=... sets them all "
+                            f"to one")
+    return values[0][1]
+
+
+#: :func:`keyword_value` of a name no call gives a literal
+NO_VALUE = object()
+
+
 def top_level_value(path: str | Path, name: str) -> Any:
-    """The literal a script assigns to ``name`` at top level (for ``--max-batch``)."""
+    """The literal a script assigns to ``name`` at top level, else the one its keyword
+    arguments ``name=...`` give (for ``--max-batch``, sweeps and the advisor)."""
     source = Path(path).read_text(encoding="utf-8")
     tree = ast.parse(source, filename=str(path))
     for stmt in _top_level_statements(tree):
@@ -133,7 +180,10 @@ def top_level_value(path: str | Path, name: str) -> Any:
             except ValueError:
                 raise OverrideError(f"{path}: {name} is assigned an expression, not a literal; "
                                     f"--max-batch needs a number like `{name} = 32`") from None
-    raise OverrideError(f"{path} has no top-level assignment to {name!r}")
+    value = keyword_value(tree, name, str(path))
+    if value is NO_VALUE:
+        raise OverrideError(f"{path} has no top-level assignment to {name!r} and no call with {name}=<a literal>")
+    return value
 
 
 def positive_int_value(path: str | Path, name: str) -> int:
@@ -157,6 +207,46 @@ def top_level_literals(tree: ast.Module) -> dict[str, Any]:
             except (ValueError, TypeError, SyntaxError, RecursionError):
                 continue
     return knobs
+
+
+# ---------------------------------------------------------------- the batch size's name
+BATCH_NAMES = ("batch_size", "batch", "bs", "train_batch_size", "micro_batch_size", "mini_batch_size",
+               "per_device_train_batch_size")
+
+
+def infer_batch_var(knobs: dict[str, Any], keyword_knobs: dict[str, Any] | None = None) -> str | None:
+    """The batch-size variable, when the code assigns exactly one of :data:`BATCH_NAMES` a
+    positive integer (``knobs``: its top-level literals): without one, the advisor cannot try
+    gradient accumulation or a smaller batch, the levers a student needs most (issue #35, ``advisor.py``).
+    Where it assigns none, the one such name its calls give as a keyword argument
+    (``keyword_knobs``: ``SFTConfig(per_device_train_batch_size=4)``)."""
+    for source in (knobs, keyword_knobs or {}):
+        found = [n for n in BATCH_NAMES if type(source.get(n)) is int and source[n] >= 1]
+        if found:
+            return found[0] if len(found) == 1 else None
+    return None
+
+
+def batch_var_in(source: str, overrides: dict[str, str] | None = None) -> str | None:
+    """:func:`infer_batch_var` of a script's or cell's source, with ``--set`` values applied
+    (None for source that does not parse: the trace says where)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    knobs = top_level_literals(tree)
+    keywords: dict[str, Any] = {}
+    for name in BATCH_NAMES:
+        try:
+            value = keyword_value(tree, name)
+        except OverrideError:  # several different values: not one batch size
+            continue
+        if value is not NO_VALUE:
+            keywords[name] = value
+    set_ints = {k: int(v) for k, v in (overrides or {}).items() if v.isdigit()}
+    for name, value in set_ints.items():
+        (knobs if name in knobs or name not in keywords else keywords)[name] = value
+    return infer_batch_var(knobs, keywords)
 
 
 def parse_script(path: str | Path, overrides: dict[str, str] | None = None, source: str | None = None) -> ast.Module:

@@ -71,7 +71,7 @@ def advice_html(advice: Advice) -> str:
             + "; each change below was applied to this step and estimated again")
     if advice.batch_var_inferred:
         head += (f" (the batch size is <code>{escape(str(advice.batch_var))}</code>, the one batch-size name the "
-                 "cell assigns; <code>--batch-var</code> names another)")
+                 "cell assigns or passes to a call; <code>--batch-var</code> names another)")
     if b.fits:
         verdict = "The step fits already; the table shows what each change would save."
     elif advice.combination:

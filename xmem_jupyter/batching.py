@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from xmem_engine.overrides import rewrite_source, top_level_literals
+from xmem_engine.overrides import NO_VALUE, OverrideError, keyword_value, rewrite_source, top_level_literals
 
 
 class BatchSpecError(ValueError):
@@ -65,11 +65,20 @@ def default_batch_values(current: int) -> list[int]:
 
 def current_batch(source: str, var: str, namespace: dict) -> int | None:
     """The batch size the cell uses now: its last top-level literal assignment (of those
-    ``--set`` and the slider change), else the namespace's value; None unless a positive integer."""
+    ``--set`` and the slider change), else the literal its calls give as the keyword argument
+    ``var=`` (``SFTConfig(per_device_train_batch_size=4)``), else the namespace's value; None
+    unless a positive integer."""
     try:
-        value = top_level_literals(ast.parse(source)).get(var)
+        tree = ast.parse(source)
     except SyntaxError:
-        value = None
+        tree = None
+    value = None if tree is None else top_level_literals(tree).get(var)
+    if value is None and tree is not None:
+        try:
+            found = keyword_value(tree, var)
+        except OverrideError:  # different values: the slider would make them one; not "the" batch
+            found = NO_VALUE
+        value = None if found is NO_VALUE else found
     if value is None:
         value = namespace.get(var)
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
@@ -90,7 +99,7 @@ def with_symbolic_batch(source: str, var: str, batch: Any, ns: dict) -> tuple[st
 
 def with_batch(source: str, var: str, value: int) -> tuple[str, bool]:
     """The cell with every top-level ``var = ...`` set to ``value`` (as ``--set`` does, one
-    inside ``if __name__ == "__main__":`` too); False when the cell does not assign ``var``
-    (the caller then sets it in the namespace)."""
+    inside ``if __name__ == "__main__":`` too; where it assigns none, every ``var=<literal>``
+    keyword argument); False when the cell has neither (the caller then sets it in the namespace)."""
     out, found = rewrite_source(source, {var: repr(int(value))})
     return out, var in found

@@ -15,8 +15,8 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from xmem_engine.advisor import batch_var_in
 from xmem_engine.gpus import UnknownGPUError, get_gpu, load_catalog
+from xmem_engine.overrides import batch_var_in
 from xmem_engine.trace import MODES
 from xmem_engine.tracing import strip_to_user_code
 
@@ -194,8 +194,8 @@ class XmemMagics(Magics):
             current = current_batch(source, args.batch_var, ns)
             if current is None:
                 raise UsageError(f"--batch-var {args.batch_var}: the cell does not assign it a positive "
-                                 f"integer (e.g. {args.batch_var} = 32) and the namespace has no positive integer "
-                                 f"{args.batch_var}")
+                                 f"integer (e.g. {args.batch_var} = 32), gives no call one positive integer as "
+                                 f"{args.batch_var}=..., and the namespace has no positive integer {args.batch_var}")
             try:
                 values = parse_batch_values(args.batch_values) if args.batch_values \
                     else default_batch_values(current)

@@ -182,7 +182,7 @@ def test_a_warning_of_the_script_is_shown_once_not_once_per_lever(tmp_path):
     ({"batch": 16, "batch_size": 32}, None),  # two: the user says which (--batch-var)
     ({"batch_size": 0}, None), ({"batch_size": True}, None), ({"batch_size": "32"}, None), ({"width": 64}, None)])
 def test_the_batch_variable_is_inferred_only_from_one_obvious_name(knobs, expected):
-    from xmem_engine.advisor import infer_batch_var
+    from xmem_engine.overrides import infer_batch_var
 
     assert infer_batch_var(knobs) == expected
 

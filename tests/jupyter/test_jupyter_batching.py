@@ -84,3 +84,38 @@ def test_progress_counts_and_hides():
     assert p.layout.display == "none" and p.label.value == ""
     p.stop("interrupted")
     assert p.label.value == "interrupted" and p.layout.display == ""
+
+
+KEYWORD_CELL = """
+import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(1024, 512)),
+                    batch_size=16, shuffle=True)
+model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512)).cuda()
+for step, (x,) in enumerate(loader):
+    model(x.cuda()).square().mean().backward()
+    if step == 1:
+        break
+"""
+
+
+def test_the_batch_as_a_keyword_argument():
+    """``DataLoader(ds, batch_size=16)`` or ``SFTConfig(per_device_train_batch_size=4)``: the
+    slider changes the keyword's literal, in place, where the cell assigns no such variable."""
+    out, assigned = with_batch(KEYWORD_CELL, "batch_size", 256)
+    assert assigned and out.splitlines()[4] == "                    batch_size=256, shuffle=True)"
+    assert out.count("\n") == KEYWORD_CELL.count("\n")
+    assert current_batch(KEYWORD_CELL, "batch_size", {"batch_size": 3}) == 16  # the cell's own value first
+    assert current_batch("a = f(batch_size=8)\nb = f(batch_size=9)\n", "batch_size", {}) is None  # which one?
+
+
+def test_a_session_traces_a_keyword_batch_at_each_size():
+    pytest.importorskip("ipywidgets")
+    from xmem_jupyter.session import Session
+
+    s = Session(source=KEYWORD_CELL, namespace={}, gpus=["T4"], batch_var="batch_size", batch=16,
+                batch_values=[16, 256], filename="In[3]")
+    small, big = s.estimate(16, "T4"), s.estimate(256, "T4")
+    inputs = {e.shape for e in big.trace.events if e.op == "aten._to_copy.default"}
+    assert (256, 512) in inputs and (16, 512) not in inputs
+    assert big.peak_allocated_bytes - small.peak_allocated_bytes >= (256 - 16) * (512 + 2048) * 4
