@@ -19,8 +19,8 @@ class BatchSearch:
     """The answer of :func:`max_batch`. Unpacks as ``(value, estimate)``.
 
     ``value``: the largest value that fits (0: not even 1). When nothing above it was found
-    not to fit, ``unbounded`` says why: ``"independent"`` (the peak did not change over three
-    doublings: memory does not depend on the variable) or ``"limit"`` (the search stopped at
+    not to fit, ``unbounded`` says why: ``"independent"`` (the peak did not change over two
+    doublings, or hardly over three: memory does not depend on the variable, :func:`_flat`) or ``"limit"`` (the search stopped at
     ``limit`` with the step still fitting); ``value`` is then a lower bound.
     """
 
@@ -49,8 +49,8 @@ class BatchSearch:
         """One sentence for the CLI and the widget."""
         if self.unbounded == "independent":
             vals = ", ".join(str(v) for v in sorted(self.tried)[-3:])
-            return (f"{variable} does not change the step's memory on {gpu_name} (the same peak at {vals}): "
-                    f"it fits at any {variable}")
+            return (f"{variable} does not change the step's memory on {gpu_name} (the peak at {vals} stays within "
+                    f"{FLAT_SPREAD:.0%}, as when the batch is larger than the dataset): it fits at any {variable}")
         if self.unbounded == "limit":
             return (f"largest {variable} that fits on {gpu_name}: {self.answer()} "
                     f"(the search stopped at its limit, {self.limit}, with the step still fitting)")
@@ -209,6 +209,29 @@ def _symbolic_search(symbolic: Callable[[int], Any], estimate_trace: Callable[[A
     return search
 
 
+#: how far apart the peaks of three doublings may be and still be one peak, where one of the
+#: doublings did not raise it (:func:`_flat`)
+FLAT_SPREAD = 0.05
+
+
+def _flat(peaks: list[Any]) -> bool:
+    """The last doublings left the peak where it was: two in a row with one peak, or three
+    whose peaks are within :data:`FLAT_SPREAD` of each other, one of which did not raise it.
+    The second is a batch larger than the data (a 32-row dataset at batch 64, 128, 256): each
+    batch is all of it, its rows paired or padded a little differently, and the search had
+    doubled to its limit (40 traces) on peaks that went 6.21, 6.09, 6.21, 6.29 GB. Memory that
+    follows the batch, however little of it per sample, rises at every doubling."""
+    if None in peaks[-3:]:
+        return False
+    if len(peaks) >= 3 and len(set(peaks[-3:])) == 1:
+        return True
+    last = peaks[-4:]
+    if len(last) < 4 or None in last:
+        return False
+    return (max(last) - min(last) <= FLAT_SPREAD * min(last)
+            and any(b <= a for a, b in zip(last, last[1:])))
+
+
 #: the categories that grow with the batch (the others: the model's and optimizer's, fixed)
 PER_SAMPLE = ("activation", "temporary", "input")
 
@@ -259,15 +282,15 @@ def _search(build: Callable[[int], Estimate], start: int, limit: int, safe: bool
         if getattr(cache[v], "mode", None) == "real":
             limit = min(limit, v * REAL_MODE_REACH)
         lo, hi = v, None
-        same = 0  # doublings in a row that left the peak where it was
+        peaks = [peak(v)]  # along the doublings
         while hi is None:
             nxt = min(lo * 2, limit)
             if nxt == lo:
                 return result(lo, "limit")
             if fits(nxt):
-                same = same + 1 if peak(nxt) is not None and peak(nxt) == peak(lo) else 0
                 lo = nxt
-                if same >= 2:
+                peaks.append(peak(nxt))
+                if _flat(peaks):
                     return result(lo, "independent")
             else:
                 hi = nxt
