@@ -229,12 +229,26 @@ def infer_batch_var(knobs: dict[str, Any], keyword_knobs: dict[str, Any] | None 
 
 def batch_var_in(source: str, overrides: dict[str, str] | None = None) -> str | None:
     """:func:`infer_batch_var` of a script's or cell's source, with ``--set`` values applied
-    (None for source that does not parse: the trace says where)."""
+    (None for source that does not parse: the trace says where). A name assigned two values
+    (``batch = 8`` ... ``batch = 16``) is not one: setting it, as the slider does, would make
+    them one."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return None
     knobs = top_level_literals(tree)
+    try:
+        assignments = _overridden(tree, dict.fromkeys(BATCH_NAMES, ""), "<source>")
+    except OverrideError:  # a = batch = 8: no value can be set
+        return None
+    for stmt, name in assignments:
+        if isinstance(stmt, ast.keyword):
+            continue
+        try:
+            if ast.literal_eval(stmt.value) != knobs.get(name):
+                knobs.pop(name, None)  # batch = 8 ... batch = 16: one value would stand for both
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            knobs.pop(name, None)
     keywords: dict[str, Any] = {}
     for name in BATCH_NAMES:
         try:

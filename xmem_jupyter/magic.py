@@ -56,8 +56,10 @@ class XmemMagics(Magics):
               help="target GPU (catalog name, forgiving: a100, 'H100 80GB', T4). Repeat to compare GPUs; "
                    "the first is the one shown. Default: %%xmem_config --gpu, else $XMEM_GPU, else A100-SXM4-40GB.")
     @argument("--batch-var", "-b", metavar="VAR",
-              help="variable (assigned in the cell, or in the namespace) that holds the batch size: "
-                   "adds a batch-size slider")
+              help="variable (assigned in the cell, or in the namespace) or keyword argument "
+                   "(per_device_train_batch_size=4 in a call) that holds the batch size: its slider. Default: "
+                   "the one batch-size name (batch_size, batch, bs, per_device_train_batch_size, ...) the cell "
+                   "gives one positive integer, if any")
     @argument("--batch-values", metavar="LIST|RANGE",
               help="slider values: 8,16,32 | 8:128 (powers of two) | 8:64:8 (step). Default: powers of "
                    "two from VAR/8 to VAR*8")
@@ -83,7 +85,7 @@ class XmemMagics(Magics):
     @argument("--rank", type=int, default=None, metavar="R", help="the rank traced (default 0; needs --world-size)")
     @argument("--quiet", "-q", action="store_true", help="no widget: print one line")
     @argument("--max-batch", action="store_true",
-              help="search the largest batch size that fits each GPU (needs --batch-var)")
+              help="search the largest batch size that fits each GPU (of --batch-var, or the name found)")
     @argument("--advise", action="store_true",
               help="also measure what would make it fit: each usual change (allocator settings, optimizer, "
                    "autocast, activation checkpointing, Adafactor; with --batch-var accumulation and a smaller "
@@ -185,11 +187,13 @@ class XmemMagics(Magics):
             except ValueError as e:
                 raise UsageError(f"--world-size / --rank: {e}") from None
         inferred = False
-        if args.advise and not args.batch_var:  # the one batch-size name the cell assigns, if any
-            args.batch_var = batch_var_in(source)
-            inferred = args.batch_var is not None
+        if not args.batch_var:  # the one batch-size name the cell assigns or passes to a call: its slider
+            guess = batch_var_in(source)
+            if guess is not None and current_batch(source, guess, ns) is not None:
+                args.batch_var, inferred = guess, True
         if args.max_batch and not args.batch_var:
-            raise UsageError("--max-batch needs --batch-var VAR (the variable that holds the batch size)")
+            raise UsageError("--max-batch needs --batch-var VAR (the variable that holds the batch size): "
+                             "the cell gives no batch-size name one positive integer")
         if args.batch_var:
             current = current_batch(source, args.batch_var, ns)
             if current is None:

@@ -4,6 +4,7 @@ report's ``advice``, and each lever measured on a cell that uses objects made be
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,30 @@ def test_lever_timelines_side_by_side_on_one_scale():
     ticks = [re.findall(r"text-anchor='end' font-size='10'[^>]*>([\d.]+)</text>", p.svg) for p in grid.panels]
     assert len({tuple(t) for t in ticks}) == 1 and len(ticks[0]) >= 2
     assert grid.limit_text in html
+
+@pytest.mark.parametrize("cell, slider", [
+    ("batch_size = 16\nx = torch.randn(batch_size, 256, device='cuda')\n", "batch_size"),
+    ("cfg = dict(per_device_train_batch_size=16)\nx = torch.randn(cfg['per_device_train_batch_size'], 256, "
+     "device='cuda')\n", "per_device_train_batch_size"),
+    ("batch = 8\nbatch = 16\nx = torch.randn(batch, 256, device='cuda')\n", None),  # which is it?
+    ("x = torch.randn(16, 256, device='cuda')\n", None),
+])
+def test_the_slider_needs_no_flag_where_the_batch_has_one_name(ip, shown, cell: str, slider: str | None):
+    """The batch-size slider for the one batch-size name the cell gives one positive integer:
+    a new user does not know ``--batch-var``. A cell that assigns two values gets none: the
+    slider would set both."""
+    res = ip.run_cell(f"%%xmem --gpu {GPU}\nimport torch\n" + cell)
+    assert res.success, res.error_in_exec
+    (bundle,) = [b for b in shown["shown"] if REPORT_MIME in b]
+    widget = _widget(bundle)
+    if slider is None:
+        assert widget.batch_slider is None
+        return
+    assert widget.batch_slider.description == slider and widget.batch_slider.value == 16
+    before = widget.est.peak_allocated_bytes
+    widget.batch_entry.value = "64"
+    deadline = time.time() + 60
+    while widget.batch != 64 or widget.est.peak_allocated_bytes == before:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    assert widget.est.peak_allocated_bytes - before >= (64 - 16) * 256 * 4
