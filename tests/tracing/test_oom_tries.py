@@ -127,6 +127,38 @@ def test_a_search_an_earlier_cell_defined_searches_and_keeps_its_code():
     assert ns["find"].__code__ is own
 
 
+def test_a_search_in_a_module_imported_before_the_trace(tmp_path: Path, monkeypatch):
+    """A notebook's ``import train_utils`` in an earlier cell, then ``%%xmem`` calls
+    ``train_utils.find(...)``: the module was loaded unmarked, before any trace; its functions
+    and its classes' methods run marked code while the trace lasts, their own after. A method's
+    broad handler is not a search (as in a class body of traced code)."""
+    import importlib
+    import sys
+
+    (tmp_path / "train_utils_oom.py").write_text(
+        "import torch\n\ndef find(step, bs):\n    while bs:\n        try:\n            step(bs)\n"
+        "            return bs\n        except torch.cuda.OutOfMemoryError:\n            bs //= 2\n\n"
+        "class Finder:\n    @staticmethod\n    def find(step, bs):\n        while bs:\n            try:\n"
+        "                step(bs)\n                return bs\n            except torch.cuda.OutOfMemoryError:\n"
+        "                bs //= 2\n\n    def logged(self, step, bs):\n        try:\n            step(bs)\n"
+        "        except Exception:\n            pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("train_utils_oom")
+    try:
+        own = mod.find.__code__, mod.Finder.find.__code__, mod.Finder.logged.__code__
+        ns: dict = {"train_utils_oom": mod}
+        tr = trace(SETUP + "found = train_utils_oom.find(step, 4096)\n"
+                   "again = train_utils_oom.Finder.find(step, 4096)\n", ns, mode="fake", device=SMALL)
+        where = [s["where"] for s in tr.meta["batch_size_search"]]
+        assert [w.rsplit("/", 1)[-1] for w in where] == ["train_utils_oom.py:5", "train_utils_oom.py:15"]
+        assert ns["found"] == ns["again"] < 4096
+        assert (mod.find.__code__, mod.Finder.find.__code__, mod.Finder.logged.__code__) == own
+        logged = trace(SETUP + "train_utils_oom.Finder().logged(step, 4096)\n", ns, mode="fake", device=SMALL)
+        assert "batch_size_search" not in logged.meta and _peak(logged) > 3 * GIB  # the step whole
+    finally:
+        sys.modules.pop("train_utils_oom", None)
+
+
 def test_another_threads_try_holds_nothing_to_the_gpus_memory():
     """A thread's own ``try ... except Exception`` (a logger) while the code trains past the
     GPU's memory: the estimate stays that of the step run whole, and no search is said."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import importlib.machinery
 import importlib.util
 import linecache
@@ -98,9 +99,9 @@ class _Marker(ast.NodeTransformer):
     the allocator's capacity) would break its graph, and Dynamo then ran the whole frame
     eagerly (a compiled step with ``try: ... except Exception`` was estimated uncompiled)."""
 
-    def __init__(self, compiled: set[str]) -> None:
+    def __init__(self, compiled: set[str], classes: int = 0) -> None:
         self.marked = 0
-        self.classes = 0  # how deep in class bodies the visit is
+        self.classes = classes  # how deep in class bodies the visit is
         self.compiled = compiled
 
     def visit_ClassDef(self, node: ast.ClassDef) -> ast.ClassDef:
@@ -131,8 +132,8 @@ def mark(tree: ast.Module) -> ast.Module:
     return _marked(tree)[0]
 
 
-def _marked(tree: ast.Module, compiled: set[str] | None = None) -> tuple[ast.Module, int]:
-    marker = _Marker(compiled_names(tree) if compiled is None else compiled)
+def _marked(tree: ast.Module, compiled: set[str] | None = None, classes: int = 0) -> tuple[ast.Module, int]:
+    marker = _Marker(compiled_names(tree) if compiled is None else compiled, classes)
     tree = marker.visit(tree)
     if marker.marked:
         ast.fix_missing_locations(tree)
@@ -156,6 +157,25 @@ class _MarkedSource(importlib.machinery.SourceFileLoader):
         return compile(self.tree, self.path, "exec", dont_inherit=True)
 
 
+#: each file's source, parsed once: (source, tree, ids of the nodes in class bodies, compiled names)
+_PARSED: dict[str, tuple[str, ast.Module | None, set[int], set[str]]] = {}
+
+
+def _parsed(filename: str, source: str) -> tuple[ast.Module | None, set[int], set[str]]:
+    """The file's tree (not to be changed: copy a node first), read once while its text stays
+    the same: every function of an imported module of the user's is looked up in it."""
+    hit = _PARSED.get(filename)
+    if hit is None or hit[0] != source:
+        try:
+            tree: ast.Module | None = ast.parse(source, filename)
+        except SyntaxError:
+            tree = None
+        methods = set() if tree is None else \
+            {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for n in ast.walk(c)}
+        hit = _PARSED[filename] = (source, tree, methods, set() if tree is None else compiled_names(tree))
+    return hit[1], hit[2], hit[3]
+
+
 def marked_code(fn: Any) -> types.CodeType | None:
     """A function's code with its out-of-memory handlers marked, compiled again from its source
     (``linecache``: a notebook's earlier cell, the user's file); None where it has none, or
@@ -167,19 +187,17 @@ def marked_code(fn: Any) -> types.CodeType | None:
     last = max((line for _, _, line in code.co_lines() if line is not None), default=0)
     if "except" not in "".join(lines[code.co_firstlineno - 1:last]):  # (most functions: no parse)
         return None
-    source = "".join(lines)
-    try:
-        tree = ast.parse(source, code.co_filename)
-    except SyntaxError:
-        return None
-    for node in ast.walk(tree):
+    tree, methods, names = _parsed(code.co_filename, "".join(lines))
+    for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name and \
                 min([node.lineno] + [d.lineno for d in node.decorator_list]) == code.co_firstlineno:
-            names = compiled_names(tree)
             if _is_compiled(node, names):
                 return None
+            in_class = id(node) in methods
+            node = copy.deepcopy(node)
             node.decorator_list = []  # the code object only: the function object has them already
-            module, count = _marked(ast.Module(body=[node], type_ignores=[]), names)
+            # a method is marked as in its class body: handlers that name OutOfMemoryError only
+            module, count = _marked(ast.Module(body=[node], type_ignores=[]), names, int(in_class))
             if not count:
                 return None
             compiled = compile(module, code.co_filename, "exec", dont_inherit=True)
@@ -187,17 +205,45 @@ def marked_code(fn: Any) -> types.CodeType | None:
     return None
 
 
+def _functions(values: list[Any]) -> Iterator[types.FunctionType]:
+    """The functions among ``values``, and the methods of the classes among them."""
+    for value in values:
+        if isinstance(value, types.FunctionType):
+            yield value
+        elif isinstance(value, type):
+            for attr in list(vars(value).values()):
+                attr = getattr(attr, "__func__", attr)  # a staticmethod's or classmethod's function
+                if isinstance(attr, types.FunctionType):
+                    yield attr
+
+
+def _imported_user_modules() -> Iterator[types.ModuleType]:
+    """The user's own modules imported before the trace (a notebook's ``import train_utils``):
+    :class:`UserModules` marks those the traced code imports, these were loaded unmarked."""
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and file.endswith(".py") and "dist-packages" not in file and is_user_file(file):
+            yield module
+
+
 @contextlib.contextmanager
 def marked_functions(namespace: dict | None) -> Iterator[None]:
-    """The namespace's functions (an earlier notebook cell's ``def find_batch_size(...)``) run
+    """The namespace's functions and classes' methods (an earlier notebook cell's ``def
+    find_batch_size(...)``), and those of the user's modules imported before the trace, run
     their marked code while the block lasts, their own after."""
+    values = list((namespace or {}).values())
+    for module in _imported_user_modules():
+        values += [v for v in list(vars(module).values()) if getattr(v, "__module__", None) == module.__name__]
     swapped: list[tuple[Any, types.CodeType]] = []
-    for value in list((namespace or {}).values()):
-        if isinstance(value, types.FunctionType):
-            new = marked_code(value)
-            if new is not None:
-                swapped.append((value, value.__code__))
-                value.__code__ = new
+    seen: set[int] = set()
+    for fn in _functions(values):
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        new = marked_code(fn)
+        if new is not None:
+            swapped.append((fn, fn.__code__))
+            fn.__code__ = new
     try:
         yield
     finally:
