@@ -51,12 +51,39 @@ def _value_node(text: str | ast.expr) -> ast.expr:
     return ast.parse(repr(value), mode="eval").body
 
 
-def _assigned_names(stmt: ast.stmt) -> list[str]:
+class _Element:
+    """One name of a tuple assignment (``batch, seq_len = 4, 1024``): its ``value`` is that
+    name's element of the tuple, read and replaced as a statement's ``value`` is."""
+
+    def __init__(self, values: ast.Tuple, index: int) -> None:
+        self.values, self.index = values, index
+
+    @property
+    def value(self) -> ast.expr:
+        return self.values.elts[self.index]
+
+    @value.setter
+    def value(self, node: ast.expr) -> None:
+        self.values.elts[self.index] = node
+
+
+def _bindings(stmt: ast.stmt) -> list[tuple[str, Any]]:
+    """The names a statement assigns, each with what holds its value (an object with a
+    ``value`` node: the statement, or an :class:`_Element` of a tuple assignment)."""
     if isinstance(stmt, ast.Assign):
-        return [t.id for t in stmt.targets if isinstance(t, ast.Name)]
+        out: list[tuple[str, Any]] = [(t.id, stmt) for t in stmt.targets if isinstance(t, ast.Name)]
+        if len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Tuple) and isinstance(stmt.value, ast.Tuple) \
+                and len(stmt.targets[0].elts) == len(stmt.value.elts):
+            out += [(t.id, _Element(stmt.value, i)) for i, t in enumerate(stmt.targets[0].elts)
+                    if isinstance(t, ast.Name)]
+        return out
     if isinstance(stmt, ast.AnnAssign) and stmt.value is not None and isinstance(stmt.target, ast.Name):
-        return [stmt.target.id]
+        return [(stmt.target.id, stmt)]
     return []
+
+
+def _chained(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Assign) and len(stmt.targets) > 1
 
 
 def _top_level_statements(tree: ast.Module) -> Iterable[ast.stmt]:
@@ -100,11 +127,11 @@ def _overridden(tree: ast.Module, overrides: dict[str, str], filename: str) -> l
     assignments where it has any, else its :func:`keyword_sites`."""
     out: list[tuple[Any, str]] = []
     for stmt in _top_level_statements(tree):
-        for name in _assigned_names(stmt):
+        for name, holder in _bindings(stmt):
             if name in overrides:
-                if isinstance(stmt, ast.Assign) and len(stmt.targets) > 1:
+                if _chained(stmt):
                     raise OverrideError(f"{filename}:{stmt.lineno}: cannot override {name!r} in a chained assignment")
-                out.append((stmt, name))
+                out.append((holder, name))
     assigned = {name for _, name in out}
     for name in overrides:
         if name not in assigned:
@@ -116,10 +143,10 @@ def apply_overrides(tree: ast.Module, overrides: dict[str, str], filename: str) 
     """Replace the value of every top-level assignment to each overridden name (of every
     keyword argument of that name, where the script assigns none)."""
     found: set[str] = set()
-    for stmt, name in _overridden(tree, overrides, filename):
-        stmt.value = ast.copy_location(_value_node(overrides[name]), stmt.value)
-        ast.fix_missing_locations(stmt)
+    for holder, name in _overridden(tree, overrides, filename):
+        holder.value = ast.copy_location(_value_node(overrides[name]), holder.value)
         found.add(name)
+    ast.fix_missing_locations(tree)
     missing = sorted(set(overrides) - found)
     if missing:
         raise OverrideError(f"{filename} has no top-level assignment to {', '.join(missing)} and no call "
@@ -174,9 +201,11 @@ def top_level_value(path: str | Path, name: str) -> Any:
     source = Path(path).read_text(encoding="utf-8")
     tree = ast.parse(source, filename=str(path))
     for stmt in _top_level_statements(tree):
-        if name in _assigned_names(stmt):
+        for bound, holder in _bindings(stmt):
+            if bound != name:
+                continue
             try:
-                return ast.literal_eval(stmt.value)  # type: ignore[attr-defined]
+                return ast.literal_eval(holder.value)
             except ValueError:
                 raise OverrideError(f"{path}: {name} is assigned an expression, not a literal; "
                                     f"--max-batch needs a number like `{name} = 32`") from None
@@ -200,10 +229,11 @@ def top_level_literals(tree: ast.Module) -> dict[str, Any]:
     recording keeps them beside its measurements)."""
     knobs: dict[str, Any] = {}
     for stmt in _top_level_statements(tree):
-        names = _assigned_names(stmt)
-        if len(names) == 1:
+        if _chained(stmt):
+            continue
+        for name, holder in _bindings(stmt):
             try:
-                knobs[names[0]] = ast.literal_eval(stmt.value)  # type: ignore[attr-defined]
+                knobs[name] = ast.literal_eval(holder.value)
             except (ValueError, TypeError, SyntaxError, RecursionError):
                 continue
     return knobs

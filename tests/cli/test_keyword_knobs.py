@@ -107,3 +107,19 @@ def test_the_cli_sets_a_dataloaders_batch_size(tmp_path: Path) -> None:
     # the input batch and its activations: 1,024 - 16 rows of 1,024 + 4,096 x 2 floats more at least
     assert big.peak_allocated_bytes - small.peak_allocated_bytes > (1024 - 16) * (1024 + 2 * 4096) * 4
     assert (1024, 1024) in {e.shape for e in big.trace.events if e.op == "aten._to_copy.default"}
+
+
+def test_a_name_of_a_tuple_assignment_is_a_knob(tmp_path: Path) -> None:
+    """``batch, seq_len = 4, 1024`` (``B, T = 4, 32`` in nanoGPT-style code): ``--set``, the
+    slider and the batch-name inference reach the one element."""
+    src = "import math\nbatch, seq_len = 4, 1024  # tokens\nx = (batch, seq_len)\n"
+    out, found = rewrite_source(src, {"batch": "16"})
+    assert found == {"batch"} and out.splitlines()[1] == "batch, seq_len = 16, 1024  # tokens"
+    ns: dict = {}
+    exec(compile(apply_overrides(ast.parse(src), {"seq_len": "64"}, "s.py"), "s.py", "exec"), ns)
+    assert ns["x"] == (4, 64)
+    assert batch_var_in(src) == "batch"
+    script = tmp_path / "s.py"
+    script.write_text(src)
+    assert positive_int_value(script, "seq_len") == 1024
+    assert batch_var_in("batch, n = f()\n") is None  # no literal to set
