@@ -192,17 +192,19 @@ class XmemWidget(widgets.VBox):
         self.batch_error.add_class("xmem-batch-error")
         if session is not None and session.batch_var and session.batch_values:
             var_name = session.batch_var
+            label = len(var_name) * 0.65  # em: the whole name shows (per_device_train_batch_size)
             self.batch_slider = widgets.SelectionSlider(
                 options=session.batch_values, value=session.batch, description=var_name,
                 tooltip=f"{var_name}: preset values; another re-traces the cell", continuous_update=False,
-                layout=widgets.Layout(width="22em", max_width="100%"))
+                style={"description_width": "initial"},
+                layout=widgets.Layout(width=f"{max(22, 14 + label):.0f}em", max_width="100%"))
             self.batch_slider.add_class("xmem-batch-slider")
             self.batch_slider.observe(self._on_batch, "value")
             # any value, typed: the slider's readout takes only its presets
             self.batch_entry = widgets.Text(
                 value=str(session.batch), description=f"{var_name} =", continuous_update=False,
                 placeholder="any whole number", tooltip=f"type any {var_name} (a whole number > 0) and press Enter",
-                layout=widgets.Layout(width="13em"))
+                style={"description_width": "initial"}, layout=widgets.Layout(width=f"{max(13, 7 + label):.0f}em"))
             self.batch_entry.add_class("xmem-batch-entry")
             self.batch_entry.observe(self._on_batch_entry, "value")
             controls += [self.batch_slider, self.batch_entry, self.find_button]

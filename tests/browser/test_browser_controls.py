@@ -4,7 +4,8 @@
    name the cell by the number its prompt shows;
 3. the timeline shows the GPU's capacity and the allocator's limit, is never clipped, and marks
    where a step that does not fit runs out of memory;
-4. the largest batch can be applied (the slider takes it), GPU names are the same in the
+4. the largest batch can be applied (the slider takes it; a cell without ``--batch-var`` has
+   a slider for the batch size it gives a call), GPU names are the same in the
    dropdown, the headline and the comparison, modules carry their class, and a GPU of another
    architecture is starred with the attention-backend caveat.
 
@@ -38,8 +39,9 @@ x = torch.randn(batch, 1024, device="cuda")
 q = model(x).view(batch, 8, 16, 8)
 F.scaled_dot_product_attention(q, q, q).sum().backward()
 opt.step()""",
-    # [4]: does not fit a T4
+    # [4]: does not fit a T4; no --batch-var, a batch size given to a call: a slider for it all the same
     """%%xmem --gpu T4
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(64, 8)), batch_size=16)
 big = torch.empty(12 * 2**30, dtype=torch.uint8, device="cuda")
 more = torch.empty(6 * 2**30, dtype=torch.uint8, device="cuda")""",
     # [5]: fails on its line 3
@@ -148,6 +150,10 @@ def test_controls_lines_and_limits_in_jupyterlab(lab):
             oom_widget = page.locator(f"{PANEL} .xmem-widget").nth(1)
             oom_widget.scroll_into_view_if_needed()
             assert "does not fit" in oom_widget.locator(".xmem-headline-text").first.inner_text()
+            slider = oom_widget.locator(".xmem-batch-slider")  # found by its name, no flag
+            assert "batch_size" in slider.inner_text() and slider.locator(".widget-readout").inner_text().strip() == "16"
+            label = oom_widget.locator(".xmem-batch-entry label")  # the whole name shows, not "batch_siz..."
+            assert label.evaluate("l => l.scrollWidth <= l.clientWidth") and "batch_size =" in label.inner_text()
             page.screenshot(path=str(ARTIFACTS / "browser_controls_oom.png"))
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "browser_controls_failure.png"), full_page=True)
