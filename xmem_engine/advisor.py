@@ -134,12 +134,16 @@ class Advice:
 # --------------------------------------------------------------------------- the patches
 
 def _outermost(wrap: Callable[[torch.nn.Module, Callable, tuple, dict], Any]) -> contextlib.AbstractContextManager:
-    """Patch ``nn.Module.__call__`` so that ``wrap`` runs around each outermost module call."""
+    """Patch ``nn.Module.__call__`` so that ``wrap`` runs around each outermost module call.
+    A call the autograd engine makes while it runs a backward node is activation
+    checkpointing's recomputation of a block, not a call of the model: it runs as it ran in
+    the forward (a block compiled only on recomputation saved other tensors, and
+    ``torch.utils.checkpoint`` stopped the step with ``CheckpointError``)."""
     orig = torch.nn.Module.__call__
     depth = [0]
 
     def call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        outer = depth[0] == 0
+        outer = depth[0] == 0 and torch._C._current_autograd_node() is None
         depth[0] += 1
         try:
             if outer:

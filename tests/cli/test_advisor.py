@@ -268,3 +268,26 @@ def test_the_compile_lever_says_why_it_is_not_tried_where_inductor_cannot_compil
     lever = next(m for m in advise(str(script), GPU).levers if m.lever.name == "torch.compile")
     assert not lever.applicable and lever.detail == f"Inductor cannot compile for CUDA here: {reason}"
     assert lever.to_json()["peak_device_bytes"] is None
+
+
+def test_a_lever_wraps_the_model_not_checkpointings_recomputation():
+    """Non-reentrant checkpointing calls each block again from the backward: that call is not
+    the model's. The torch.compile lever compiled the block there, the recomputation saved
+    other tensors than the forward, and checkpoint raised CheckpointError (the lever read "n/a"
+    on every checkpointed model)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from xmem_engine.advisor import _outermost
+
+    blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+    model = torch.nn.Sequential(*blocks)
+    model.forward = lambda x: [x := checkpoint(b, x, use_reentrant=False) for b in blocks][-1]
+    wrapped = []
+
+    def wrap(module, call, args, kwargs):
+        wrapped.append(module)
+        return call(*args, **kwargs)
+
+    with _outermost(wrap):
+        model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    assert wrapped == [model]
