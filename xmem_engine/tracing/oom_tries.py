@@ -217,11 +217,13 @@ def _functions(values: list[Any]) -> Iterator[types.FunctionType]:
                     yield attr
 
 
-def _imported_user_modules() -> Iterator[types.ModuleType]:
-    """The user's own modules imported before the trace (a notebook's ``import train_utils``):
-    :class:`UserModules` marks those the traced code imports, these were loaded unmarked."""
-    for module in list(sys.modules.values()):
-        file = getattr(module, "__file__", None)
+def _user_modules_in(values: list[Any]) -> Iterator[types.ModuleType]:
+    """The user's own modules among ``values`` (a notebook's ``import train_utils``, before the
+    trace): :class:`UserModules` marks those the traced code imports, these were loaded
+    unmarked. Only those the namespace holds: every module of the process would be hundreds
+    (a test run's), and the cell reaches a module's search through its name."""
+    for module in values:
+        file = getattr(module, "__file__", None) if isinstance(module, types.ModuleType) else None
         if isinstance(file, str) and file.endswith(".py") and "dist-packages" not in file and is_user_file(file):
             yield module
 
@@ -229,10 +231,10 @@ def _imported_user_modules() -> Iterator[types.ModuleType]:
 @contextlib.contextmanager
 def marked_functions(namespace: dict | None) -> Iterator[None]:
     """The namespace's functions and classes' methods (an earlier notebook cell's ``def
-    find_batch_size(...)``), and those of the user's modules imported before the trace, run
-    their marked code while the block lasts, their own after."""
+    find_batch_size(...)``), and those of the user's modules it holds (imported before the
+    trace), run their marked code while the block lasts, their own after."""
     values = list((namespace or {}).values())
-    for module in _imported_user_modules():
+    for module in list(_user_modules_in(values)):
         values += [v for v in list(vars(module).values()) if getattr(v, "__module__", None) == module.__name__]
     swapped: list[tuple[Any, types.CodeType]] = []
     seen: set[int] = set()
