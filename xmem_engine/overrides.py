@@ -156,9 +156,9 @@ def apply_overrides(tree: ast.Module, overrides: dict[str, str], filename: str) 
 
 def rewrite_source(source: str, overrides: dict[str, str], filename: str = "<cell>") -> tuple[str, set[str]]:
     """``source`` with the value of every top-level assignment to each overridden name (the
-    ones :func:`apply_overrides` changes, keyword arguments included) replaced in the text, in place: every other line
-    keeps its number and text, so tracebacks and the flame chart's source lines stay right
-    and show the value that ran. Returns the text and the names it found (a cell that does
+    ones :func:`apply_overrides` changes, keyword arguments included) replaced in the text, in
+    place: every other line keeps its number and text, so tracebacks and the flame chart's
+    source lines stay right and show the value that ran. Returns the text and the names it found (a cell that does
     not assign the batch variable takes it from its namespace instead)."""
     targets = _overridden(ast.parse(source, filename=filename), overrides, filename)
     lines = source.splitlines(True)
