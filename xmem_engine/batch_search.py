@@ -20,8 +20,9 @@ class BatchSearch:
 
     ``value``: the largest value that fits (0: not even 1). When nothing above it was found
     not to fit, ``unbounded`` says why: ``"independent"`` (the peak did not change over two
-    doublings, or hardly over three: memory does not depend on the variable, :func:`_flat`) or ``"limit"`` (the search stopped at
-    ``limit`` with the step still fitting); ``value`` is then a lower bound.
+    doublings, or hardly over three: memory does not depend on the variable, :func:`_flat`)
+    or ``"limit"`` (the search stopped at ``limit`` with the step still fitting); ``value`` is
+    then a lower bound.
     """
 
     value: int
