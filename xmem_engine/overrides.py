@@ -158,8 +158,8 @@ def rewrite_source(source: str, overrides: dict[str, str], filename: str = "<cel
     """``source`` with the value of every top-level assignment to each overridden name (the
     ones :func:`apply_overrides` changes, keyword arguments included) replaced in the text, in
     place: every other line keeps its number and text, so tracebacks and the flame chart's
-    source lines stay right and show the value that ran. Returns the text and the names it found (a cell that does
-    not assign the batch variable takes it from its namespace instead)."""
+    source lines stay right and show the value that ran. Returns the text and the names it
+    found (a cell that does not assign the batch variable takes it from its namespace instead)."""
     targets = _overridden(ast.parse(source, filename=filename), overrides, filename)
     lines = source.splitlines(True)
     for stmt, name in sorted(targets, key=lambda t: (t[0].value.lineno, t[0].value.col_offset), reverse=True):
@@ -267,18 +267,18 @@ def batch_var_in(source: str, overrides: dict[str, str] | None = None) -> str | 
     except SyntaxError:
         return None
     knobs = top_level_literals(tree)
-    try:
-        assignments = _overridden(tree, dict.fromkeys(BATCH_NAMES, ""), "<source>")
-    except OverrideError:  # a = batch = 8: no value can be set
-        return None
-    for stmt, name in assignments:
-        if isinstance(stmt, ast.keyword):
-            continue
-        try:
-            if ast.literal_eval(stmt.value) != knobs.get(name):
+    for stmt in _top_level_statements(tree):
+        for name, holder in _bindings(stmt):
+            if name not in BATCH_NAMES:
+                continue
+            if _chained(stmt):  # a = batch = 8: no value can be set
+                return None
+            try:
+                same = ast.literal_eval(holder.value) == knobs.get(name)
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                same = False
+            if not same:
                 knobs.pop(name, None)  # batch = 8 ... batch = 16: one value would stand for both
-        except (ValueError, TypeError, SyntaxError, RecursionError):
-            knobs.pop(name, None)
     keywords: dict[str, Any] = {}
     for name in BATCH_NAMES:
         try:
