@@ -171,7 +171,7 @@ _IN_PROCESS = """
 import json, re, sys
 from xmem_engine.tracing import trace
 tr = trace(sys.stdin.read(), {}, mode="fake")
-gen = lambda s: re.sub(r"/tmp/torchinductor_[^/]+/tmp[^/]+/[^/]+/[^:]+[.]py", "GEN.py", str(s))
+gen = lambda s: re.sub(r"(/tmp/torchinductor_[^/]+/tmp[^/]+|/[^ :]*/inductor/[0-9a-f]{20})/[^/]+/[^:/]+[.]py", "GEN.py", str(s))
 rows = [[gen(getattr(e, f)) for f in FIELDS] for e in tr.events]
 notes = [n for n in tr.meta.get("notes", []) if n.startswith("generate(): ")]
 print(json.dumps({"rows": rows, "notes": notes, "gemm_into": gen(tr.meta.get("gemm_into"))}))

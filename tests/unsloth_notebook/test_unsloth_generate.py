@@ -41,7 +41,7 @@ from xmem_engine.estimate import estimate_script
 est = estimate_script("script.py", "A100-80GB")
 tr = est.trace
 # what names the run's folders (its own, Inductor's), not what it did
-gen = lambda s: re.sub(r"/tmp/torchinductor_[^/]+/tmp[^/]+/[^/]+/[^:]+[.]py", "GEN.py",
+gen = lambda s: re.sub(r"(/tmp/torchinductor_[^/]+/tmp[^/]+|/[^ :]*/inductor/[0-9a-f]{20})/[^/]+/[^:/]+[.]py", "GEN.py",
                        str(s).replace(os.getcwd(), "WORK"))
 rows = [[gen(getattr(e, f)) for f in FIELDS] for e in tr.events]
 notes = [n for n in tr.meta.get("notes", []) if n.startswith(("generate(): ", "Triton kernel "))]

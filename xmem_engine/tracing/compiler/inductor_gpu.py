@@ -3,15 +3,20 @@
 Every query a compiler makes about "the" CUDA device (Dynamo's device interface, Triton's
 driver and target, Inductor's device properties and ``functools.cache``d answers) is answered
 for the target GPU; Triton kernels become :class:`NoopKernel`; the generated wrapper's
-driver calls are made virtual (:func:`virtualize_wrapper`); no caches, no worker pool, no
-benchmarking (its allocations are made instead, ``inductor_autotune.py``). ``torch_compile.py``
-enters :func:`inductor_for_virtual_gpu` for a trace that compiles. Research: ``docs/compile-on-cpu.md``.
+driver calls are made virtual (:func:`virtualize_wrapper`); no worker pool, no benchmarking
+(its allocations are made instead, ``inductor_autotune.py``); Inductor's compiled graphs kept in
+xmem's own cache (:func:`compile_cache_dir`). ``torch_compile.py`` enters
+:func:`inductor_for_virtual_gpu` for a trace that compiles. Research: ``docs/compile-on-cpu.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import os
 import types
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -211,13 +216,64 @@ def _constants_on_cpu(unset_fake: Callable[[], Any]) -> Callable[[], Any]:
     return unset
 
 
+#: the environment variable naming xmem's cache directory; "off" (or "0", "none") keeps no cache
+CACHE_DIR_VAR = "XMEM_CACHE_DIR"
+
+
+def compile_cache_dir(props: Any) -> str | None:
+    """Where Inductor keeps the graphs it compiled for this target GPU between estimates, or None
+    (``$XMEM_CACHE_DIR`` is "off"). xmem's own directory, never torch's: these graphs were
+    compiled under xmem's patches and must not reach a real run. One directory per target GPU,
+    torch and xmem source, so that nothing compiled for another (or by another xmem) is read back.
+    Only Inductor's FX graph cache is used: AOTAutograd still traces and partitions each time, so
+    what its passes allocate on the GPU while compiling (pad_mm's timings) is the same warm or cold."""
+    root = os.environ.get(CACHE_DIR_VAR)
+    if root is not None and root.strip().lower() in ("", "0", "off", "none", "false"):
+        return None
+    if not root:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "xmem")
+    ident = "|".join(str(getattr(props, k, "")) for k in ("name", "major", "minor", "total_memory",
+                                                           "multi_processor_count", "L2_cache_size"))
+    key = hashlib.sha256(f"{ident}|{torch.__version__}|{_xmem_source_hash()}".encode()).hexdigest()[:20]
+    return os.path.join(os.path.abspath(os.path.expanduser(root)), "inductor", key)
+
+
+@functools.cache
+def _xmem_source_hash() -> str:
+    """A hash of xmem_engine's tracing code: a cached graph compiled under other patches is stale."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parents[1].rglob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _enter_caches(stack: contextlib.ExitStack, icfg: Any, props: Any) -> str | None:
+    """Inductor's FX graph cache on, in :func:`compile_cache_dir` (returned), for the stack's
+    life; every other compile cache (AOTAutograd's, autotuning's, remote ones) off."""
+    import torch._functorch.config as fcfg
+
+    where = compile_cache_dir(props)
+    settings = dict(force_disable_caches=where is None, fx_graph_cache=where is not None, fx_graph_remote_cache=False,
+                    autotune_local_cache=False, autotune_remote_cache=False, bundled_autotune_remote_cache=False)
+    for key, value in settings.items():
+        if hasattr(icfg, key):
+            stack.enter_context(icfg.patch(key, value))
+    if hasattr(fcfg, "enable_autograd_cache"):
+        stack.enter_context(fcfg.patch("enable_autograd_cache", False))
+    if where is not None:
+        # torch's cache_dir() writes the variable back into os.environ: it is put back after
+        stack.enter_context(patched_item(os.environ, "TORCHINDUCTOR_CACHE_DIR", where))
+    return where
+
+
 @contextlib.contextmanager
 def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType], None] = lambda mod: None,
                              on_pad_timing: Callable[[list], None] = lambda steps: None,
                              on_written: Callable[[list], None] = lambda tensors: None) -> Iterator[None]:
     """Dynamo's device interface, Triton's driver and Inductor's compile-time queries answered
     for the target GPU; Triton kernels made into :class:`NoopKernel` (``on_written``: the tensors
-    a launch writes); no caches, no worker pool, no benchmarking. Everything is put back on exit."""
+    a launch writes); Inductor's graph cache in xmem's directory, no other cache, no worker pool,
+    no benchmarking. Everything is put back on exit."""
     import sys
 
     import torch._dynamo.device_interface as di
@@ -311,7 +367,8 @@ def inductor_for_virtual_gpu(props: Any, on_wrapper: Callable[[types.ModuleType]
         for n in names:
             setattr(tdrv, n, virtual)
         stack.callback(lambda: [setattr(tdrv, n, o) for n, o in zip(names, old)])
-        for key, value in dict(force_disable_caches=True, compile_threads=1, max_autotune=False,
+        _enter_caches(stack, icfg, p)
+        for key, value in dict(compile_threads=1, max_autotune=False,
                                max_autotune_gemm=False, max_autotune_pointwise=False, cpp_wrapper=False).items():
             if hasattr(icfg, key):
                 stack.enter_context(icfg.patch(key, value))
@@ -378,7 +435,8 @@ def _device_caches() -> list[Any]:
     for modname, name in (("torch._inductor.runtime.hints", "DeviceProperties.create"),
                           ("torch.utils._triton", "triton_backend"), ("torch.utils._triton", "triton_hash_with_backend"),
                           ("torch.utils._triton", "has_triton"),
-                          ("torch._inductor.utils", "is_big_gpu"), ("torch._inductor.utils", "get_gpu_shared_memory")):
+                          ("torch._inductor.utils", "is_big_gpu"), ("torch._inductor.utils", "get_gpu_shared_memory"),
+                          ("torch._inductor.codecache", "CacheBase.get_system")):
         import importlib
 
         try:
