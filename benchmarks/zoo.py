@@ -7,7 +7,10 @@ says, per script: the exit code of the estimate (0 fits, 3 does not fit, 1 faile
 mode (``fake``; ``mixed``: fake, with some ops run for real; ``real``: the whole script
 re-run on real tensors), how many value guesses fake mode made, the seconds, the child's
 peak resident memory (``wait4``'s ``ru_maxrss``) and the estimated peak (the ``--json`` rows also
-keep the bytes live at the peak by category, to hold against formulas).
+keep the bytes live at the peak by category, to hold against formulas). Each script starts with
+an empty compile cache (``XMEM_CACHE_DIR``, a folder of its own), so its seconds are a first
+estimate's; ``--warm`` runs it a second time on the cache the first filled (a notebook's re-run)
+and adds those seconds, checking that the estimate is the same.
 
     .venv-bench/bin/python benchmarks/zoo.py [--gpu A100-80GB] [--only NAME ...] [--json OUT] [--markdown]
     .venv-ft/bin/python benchmarks/zoo.py --dir benchmarks/zoo/finetune [--only NAME ...]
@@ -88,9 +91,10 @@ def run_measured(cmd: list[str], env: dict, cwd: str, timeout: float) -> tuple[i
         return os.waitstatus_to_exitcode(status), out.read(), err.read()[-2000:], seconds, rss
 
 
-def run_child(path: Path, gpu: str, host_memory: str, timeout: float) -> dict:
-    """Run :func:`run_one` in a child process (in the script's folder); add its wall time and peak RSS."""
-    env = dict(os.environ, XMEM_HOST_MEMORY=host_memory, PYTHONPATH=str(ROOT))
+def run_child(path: Path, gpu: str, host_memory: str, timeout: float, cache: str) -> dict:
+    """Run :func:`run_one` in a child process (in the script's folder, with ``cache`` as xmem's
+    compile cache); add its wall time and peak RSS."""
+    env = dict(os.environ, XMEM_HOST_MEMORY=host_memory, PYTHONPATH=str(ROOT), XMEM_CACHE_DIR=cache)
     code, out, tail, seconds, rss = run_measured([sys.executable, __file__, "--one", str(path), "--gpu", gpu],
                                                  env, str(path.parent), timeout)
     rows = [json.loads(line[len(MARK):]) for line in out.splitlines() if line.startswith(MARK)]
@@ -107,6 +111,9 @@ def _gib(n: int | None) -> str:
 
 def table(rows: list[dict], markdown: bool) -> str:
     head = ["script", "exit", "mode", "guesses", "seconds", "peak RSS GiB", "estimate GiB", "note"]
+    warm = any("warm_seconds" in r for r in rows)
+    if warm:
+        head.insert(5, "warm seconds")
     lines = []
     for r in rows:
         note = r.get("error") or r.get("fallback") or (", ".join(f"{k} x{v}" for k, v in r.get("real_ops", {}).items())
@@ -114,6 +121,8 @@ def table(rows: list[dict], markdown: bool) -> str:
         lines.append([r["script"].removesuffix(".py"), "" if r.get("exit") is None else str(r["exit"]),
                       r.get("mode", ""), str(r.get("guesses", "")), f"{r['seconds']:.1f}",
                       _gib(r.get("peak_rss_bytes")), _gib(r.get("peak_device_bytes")), note[:90]])
+        if warm:
+            lines[-1].insert(5, f"{r['warm_seconds']:.1f}" if "warm_seconds" in r else "")
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         out += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines]
@@ -140,6 +149,8 @@ def main() -> None:
     ap.add_argument("--host-memory", default="8G", help="XMEM_HOST_MEMORY for each script (default 8G)")
     ap.add_argument("--only", nargs="*", help="script names (without .py) to run")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per script")
+    ap.add_argument("--warm", action="store_true",
+                    help="run each script a second time on the compile cache its first run filled")
     ap.add_argument("--json", help="write the rows as JSON lines here")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     ap.add_argument("--show", metavar="FILE", help="print the table of an earlier --json file, run nothing")
@@ -168,7 +179,14 @@ def main() -> None:
         scripts = [p for p in scripts if p.stem in set(args.only)]
     rows = []
     for p in scripts:
-        row = run_child(p, args.gpu, args.host_memory, args.timeout)
+        with tempfile.TemporaryDirectory(prefix="xmem-zoo-cache-") as cache:
+            row = run_child(p, args.gpu, args.host_memory, args.timeout, cache)
+            if args.warm and row.get("exit") in (0, 3):
+                again = run_child(p, args.gpu, args.host_memory, args.timeout, cache)
+                row["warm_seconds"], row["warm_peak_rss_bytes"] = again["seconds"], again["peak_rss_bytes"]
+                if again.get("peak_device_bytes") != row.get("peak_device_bytes"):
+                    row["error"] = (f"the warm run's estimate differs: {_gib(again.get('peak_device_bytes'))} GiB, "
+                                    f"{again.get('error', '')}")
         rows.append(row)
         print(f"{row['script']}: exit {row.get('exit')} {row.get('mode', '')} {row['seconds']:.1f} s "
               f"{_gib(row.get('peak_rss_bytes'))} GiB RSS {row.get('error', '')}", file=sys.stderr, flush=True)
