@@ -28,9 +28,12 @@ _IS_USER: dict[str, bool] = {}
 
 
 def is_user_file(filename: str) -> bool:
+    """Whether code in ``filename`` is the user's: not torch's, xmem's, the standard library's,
+    or an installed package's (``site-packages``, or a Debian system Python's ``dist-packages``)."""
     r = _IS_USER.get(filename)
     if r is None:
-        r = not (filename.startswith(_LIB_DIRS) or filename.startswith("<frozen") or "site-packages" in filename)
+        r = not (filename.startswith(_LIB_DIRS) or filename.startswith("<frozen")
+                 or "site-packages" in filename or "dist-packages" in filename)
         _IS_USER[filename] = r
     return r
 
@@ -106,8 +109,11 @@ def library_frame(depth: int = 2, skip: frozenset[types.CodeType] = frozenset())
         # (a virtual environment's platstdlib holds its site-packages: those are libraries)
         ours = fn.startswith(_LIB_DIRS) and ("site-packages" not in fn or fn.startswith((TORCH_DIR, XMEM_DIR)))
         if not (ours or fn.startswith("<frozen")):
-            marker = fn.find("site-packages" + os.sep)
-            return f"{fn[marker + len('site-packages') + 1:] if marker >= 0 else fn}:{f.f_lineno}"
+            for folder in ("site-packages", "dist-packages"):
+                marker = fn.find(folder + os.sep)
+                if marker >= 0:
+                    return f"{fn[marker + len(folder) + 1:]}:{f.f_lineno}"
+            return f"{fn}:{f.f_lineno}"
         f = f.f_back
     return ""
 

@@ -224,7 +224,7 @@ def _user_modules_in(values: list[Any]) -> Iterator[types.ModuleType]:
     (a test run's), and the cell reaches a module's search through its name."""
     for module in values:
         file = getattr(module, "__file__", None) if isinstance(module, types.ModuleType) else None
-        if isinstance(file, str) and file.endswith(".py") and "dist-packages" not in file and is_user_file(file):
+        if isinstance(file, str) and file.endswith(".py") and is_user_file(file):
             yield module
 
 
