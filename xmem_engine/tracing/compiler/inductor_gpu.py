@@ -247,9 +247,9 @@ def _xmem_source_hash() -> str:
     return h.hexdigest()
 
 
-def _enter_caches(stack: contextlib.ExitStack, icfg: Any, props: Any) -> str | None:
-    """Inductor's FX graph cache on, in :func:`compile_cache_dir` (returned), for the stack's
-    life; every other compile cache (AOTAutograd's, autotuning's, remote ones) off."""
+def _enter_caches(stack: contextlib.ExitStack, icfg: Any, props: Any) -> None:
+    """Inductor's FX graph cache on, in :func:`compile_cache_dir`, for the stack's life; every
+    other compile cache (AOTAutograd's, autotuning's, remote ones) off."""
     import torch._functorch.config as fcfg
 
     where = compile_cache_dir(props)
@@ -263,7 +263,6 @@ def _enter_caches(stack: contextlib.ExitStack, icfg: Any, props: Any) -> str | N
     if where is not None:
         # torch's cache_dir() writes the variable back into os.environ: it is put back after
         stack.enter_context(patched_item(os.environ, "TORCHINDUCTOR_CACHE_DIR", where))
-    return where
 
 
 @contextlib.contextmanager

@@ -489,13 +489,13 @@ class VirtualGPUBackend:
                 else:
                     fn = self.inner(gm, example_inputs)
         except Exception as e:  # noqa: BLE001 - any compile error: that graph runs eagerly, and is said
-            if _dynamo_control_flow(e) and "BF16 is not supported" not in str(e):  # (raw with caches on)
+            no_bf16 = "BF16 is not supported" in str(e)  # Inductor's SkipFrame below compute capability 8
+            if _dynamo_control_flow(e) and not no_bf16:  # (that SkipFrame comes raw with Inductor's cache on)
                 raise  # Dynamo restarting its analysis (e.g. with a scalar made a tensor): not a failure
             if os.environ.get("XMEM_DEBUG_COMPILE"):
                 traceback.print_exc()
             why = ("Inductor does not compile bf16 graphs for this GPU (no native bf16: on the GPU it skips them "
-                   "too, warning '... does not support bfloat16 compilation natively, skipping')"
-                   if "BF16 is not supported" in str(e)  # Inductor's SkipFrame, below compute capability 8
+                   "too, warning '... does not support bfloat16 compilation natively, skipping')" if no_bf16
                    else f"compiling for the target GPU failed ({_said(e)})")
             rec.failures.append(f"torch.compile at {self.where}: {why}; that graph ran eagerly")
             return self.calls.runtime(gm.forward)
