@@ -373,6 +373,10 @@ def test_settings_from_the_environment_name_their_variable(tmp_path, monkeypatch
     monkeypatch.setenv("XMEM_GPU", "no-such-gpu")
     assert main(["estimate", str(script)]) == 2
     assert "XMEM_GPU: Unknown GPU 'no-such-gpu'" in capsys.readouterr().err
+    monkeypatch.delenv("XMEM_GPU")
+    monkeypatch.setenv("XMEM_CACHE_MAX_MB", "1GB")  # refused before tracing, not at the script's first compile
+    assert main(["estimate", str(script)]) == 2
+    assert "XMEM_CACHE_MAX_MB='1GB': expected the compile cache's size limit in MiB" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("conf", ["max_split_size_mb:100000000000000000000000", "max_split_size_mb:-5",

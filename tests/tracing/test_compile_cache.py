@@ -1,5 +1,5 @@
 """Inductor's compiled graphs kept between estimates in xmem's own cache
-(xmem_engine/tracing/compiler/inductor_gpu.py, ``compile_cache_dir``).
+(xmem_engine/tracing/compiler/compile_cache.py).
 
 A second estimate of the same compiled step reads Inductor's output code back instead of
 compiling it again, and must trace exactly the events the first one traced: the same buffers,
@@ -13,7 +13,7 @@ import os
 import pytest
 
 from xmem_engine.tracing import trace
-from xmem_engine.tracing.compiler.inductor_gpu import CACHE_DIR_VAR, compile_cache_dir
+from xmem_engine.tracing.compiler.compile_cache import CACHE_DIR_VAR, CACHE_MAX_VAR, compile_cache_dir
 from xmem_engine.tracing.compiler.torch_compile import PAD_MM_TIMING, compile_unavailable
 
 pytestmark = pytest.mark.skipif(compile_unavailable() is not None,
@@ -102,3 +102,17 @@ def test_the_cache_can_be_turned_off(tmp_path, monkeypatch):
     trace(STEP, {}, mode="fake", device=H100)
     again = trace(STEP, {}, mode="fake", device=H100)
     assert again.meta["compile"]["graphs"] == 1 and again.meta["compile"]["cached"] == 0
+
+
+def test_a_trace_that_compiles_makes_room_first(tmp_path, monkeypatch):
+    """A folder of an older xmem (never read again) goes when the cache is over its limit."""
+    monkeypatch.setenv(CACHE_DIR_VAR, str(tmp_path))
+    monkeypatch.setenv(CACHE_MAX_VAR, "1")
+    stale = tmp_path / "inductor" / "from-an-older-xmem"
+    stale.mkdir(parents=True)
+    (stale / "graph").write_bytes(b"x" * (2 << 20))
+    os.utime(stale, (1.0, 1.0))
+    trace(STEP, {}, mode="fake", device=H100)
+    assert not stale.exists()
+    (kept,) = (tmp_path / "inductor").iterdir()  # this trace's own, with its graphs
+    assert any(kept.rglob("*.py"))

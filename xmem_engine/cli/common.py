@@ -164,6 +164,21 @@ def xmem_failed(command: str, e: BaseException) -> XmemFailed:
     return XmemFailed(message)
 
 
+def check_environment() -> None:
+    """Settings read from the environment are input too: refuse a bad one before tracing."""
+    import os
+
+    from xmem_engine.tracing.compiler.compile_cache import cache_limit_bytes
+    from xmem_engine.tracing.host_memory import ENV, parse_bytes
+
+    try:
+        if os.environ.get(ENV):
+            parse_bytes(os.environ[ENV])
+        cache_limit_bytes()
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+
 def check_output(path: str | None, flag: str, force: bool, inputs: tuple[str, ...] = ()) -> None:
     """An output file the command will write: never one of its inputs, in a folder that
     exists, and not an existing file unless ``--force``. Checked before any work starts."""

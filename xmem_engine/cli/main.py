@@ -29,6 +29,7 @@ from xmem_engine.cli.common import (  # noqa: F401  (REPORT_HINT and the errors:
     Interrupted,
     OutputFailed,
     XmemFailed,
+    check_environment,
     check_output,
     running_script,
     print_json,
@@ -92,7 +93,7 @@ _SCRIPT_COMMANDS = ("estimate", "advise", "trace")
 def _run(args) -> int:
     try:
         try:
-            _check_environment()
+            check_environment()
             return args.func(args)
         except KeyboardInterrupt:
             raise _said(args, Interrupted("interrupted (Ctrl-C); nothing was written after it")) from None
@@ -162,19 +163,6 @@ def _in_child(run, args) -> int:
     if getattr(args, "json", False):
         print_json(err.json())
     return err.code
-
-
-def _check_environment() -> None:
-    """Settings read from the environment are input too: refuse a bad one before tracing."""
-    import os
-
-    from xmem_engine.tracing.host_memory import ENV, parse_bytes
-
-    if os.environ.get(ENV):
-        try:
-            parse_bytes(os.environ[ENV])
-        except ValueError as e:
-            raise InputError(str(e)) from None
 
 
 # --------------------------------------------------------------------------- replay

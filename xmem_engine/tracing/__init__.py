@@ -130,6 +130,7 @@ The spine, here:
 ``torch_compile.py``  ``torch.compile`` under the tracer: Inductor's buffers, not eager code's
 ``inductor_gpu.py``   the target GPU as Dynamo, Inductor and Triton ask about it while compiling
 ``inductor_autotune.py``  what Inductor's timings allocate at a kernel's first launch
+``compile_cache.py``  Inductor's compiled graphs kept between estimates, under a size limit
 ``python_autograd.py``  the autograd engine AOTAutograd's joint graph runs through while compiling
 ``recomputation.py``  a checkpoint's recomputation where its forward ran (inside a compiled call)
 """

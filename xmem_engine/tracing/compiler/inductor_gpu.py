@@ -5,22 +5,20 @@ driver and target, Inductor's device properties and ``functools.cache``d answers
 for the target GPU; Triton kernels become :class:`NoopKernel`; the generated wrapper's
 driver calls are made virtual (:func:`virtualize_wrapper`); no worker pool, no benchmarking
 (its allocations are made instead, ``inductor_autotune.py``); Inductor's compiled graphs kept in
-xmem's own cache (:func:`compile_cache_dir`). ``torch_compile.py`` enters
+xmem's own cache (``compile_cache.py``). ``torch_compile.py`` enters
 :func:`inductor_for_virtual_gpu` for a trace that compiles. Research: ``docs/compile-on-cpu.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import os
 import types
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
+from xmem_engine.tracing.compiler.compile_cache import compile_cache_dir, make_room
 from xmem_engine.tracing.compiler.inductor_autotune import (autotune_of, benchmark_allocations, flush_bytes,
                                                             kernel_def, pad_mm_should_pad)
 from xmem_engine.tracing.patches import patched_attr, patched_item
@@ -216,43 +214,14 @@ def _constants_on_cpu(unset_fake: Callable[[], Any]) -> Callable[[], Any]:
     return unset
 
 
-#: the environment variable naming xmem's cache directory; "off" (or "0", "none") keeps no cache
-CACHE_DIR_VAR = "XMEM_CACHE_DIR"
-
-
-def compile_cache_dir(props: Any) -> str | None:
-    """Where Inductor keeps the graphs it compiled for this target GPU between estimates, or None
-    (``$XMEM_CACHE_DIR`` is "off"). xmem's own directory, never torch's: these graphs were
-    compiled under xmem's patches and must not reach a real run. One directory per target GPU,
-    torch and xmem source, so that nothing compiled for another (or by another xmem) is read back.
-    Only Inductor's FX graph cache is used: AOTAutograd still traces and partitions each time, so
-    what its passes allocate on the GPU while compiling (pad_mm's timings) is the same warm or cold."""
-    root = os.environ.get(CACHE_DIR_VAR)
-    if root is not None and root.strip().lower() in ("", "0", "off", "none", "false"):
-        return None
-    if not root:
-        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "xmem")
-    ident = "|".join(str(getattr(props, k, "")) for k in ("name", "major", "minor", "total_memory",
-                                                           "multi_processor_count", "L2_cache_size"))
-    key = hashlib.sha256(f"{ident}|{torch.__version__}|{_xmem_source_hash()}".encode()).hexdigest()[:20]
-    return os.path.join(os.path.abspath(os.path.expanduser(root)), "inductor", key)
-
-
-@functools.cache
-def _xmem_source_hash() -> str:
-    """A hash of xmem_engine's tracing code: a cached graph compiled under other patches is stale."""
-    h = hashlib.sha256()
-    for path in sorted(Path(__file__).resolve().parents[1].rglob("*.py")):
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
 def _enter_caches(stack: contextlib.ExitStack, icfg: Any, props: Any) -> None:
     """Inductor's FX graph cache on, in :func:`compile_cache_dir`, for the stack's life; every
     other compile cache (AOTAutograd's, autotuning's, remote ones) off."""
     import torch._functorch.config as fcfg
 
     where = compile_cache_dir(props)
+    if where is not None:
+        make_room(where)
     settings = dict(force_disable_caches=where is None, fx_graph_cache=where is not None, fx_graph_remote_cache=False,
                     autotune_local_cache=False, autotune_remote_cache=False, bundled_autotune_remote_cache=False)
     for key, value in settings.items():

@@ -115,7 +115,7 @@ class CompileRecord:
     backward_graphs: int = 0
     seconds: float = 0.0  # AOTAutograd and Inductor (the backend), forward and backward graphs
     outside_frames: float = 0.0  # of ``seconds``, the lazy backward compiles (inside ``backward()``)
-    cached: int = 0  # graphs Inductor read back from xmem's cache (inductor_gpu.compile_cache_dir)
+    cached: int = 0  # graphs Inductor read back from xmem's cache (compile_cache.compile_cache_dir)
     frames: float | None = None  # Dynamo's frame compiles, the backend's forward compiles within
     graph_breaks: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
