@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from xmem_engine.tracing import trace
 from xmem_engine.tracing.compiler.compile_cache import CACHE_DIR_VAR, CACHE_MAX_VAR, compile_cache_dir
@@ -116,3 +117,37 @@ def test_a_trace_that_compiles_makes_room_first(tmp_path, monkeypatch):
     assert not stale.exists()
     (kept,) = (tmp_path / "inductor").iterdir()  # this trace's own, with its graphs
     assert any(kept.rglob("*.py"))
+
+
+# a library that pops torch's cache variable mid-run (Unsloth's patching does), then compiles again
+POPS_THE_VARIABLE = STEP + """
+import os
+
+import torch
+os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+@torch.compile
+def scale(x):
+    return (x * 2).sin()
+scale(torch.randn(64, 64, device="cuda"))
+"""
+
+
+def test_torchs_own_cache_is_neither_read_nor_written(tmp_path, monkeypatch):
+    """Nothing xmem compiles reaches torch's cache folder, whatever the code does to the variable
+    naming it, nor torch's portable artifacts (which Unsloth saves at exit and loads into later
+    runs): these graphs were compiled under xmem's patches."""
+    import tempfile
+
+    from torch.compiler._cache import CacheArtifactManager
+
+    monkeypatch.setenv(CACHE_DIR_VAR, str(tmp_path / "xmem"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # torch's default folder is in there
+    (tmp_path / "tmp").mkdir()
+    CacheArtifactManager.clear()
+    tr = trace(POPS_THE_VARIABLE, {}, mode="fake", device=H100)
+    assert tr.meta["compile"]["graphs"] == 2
+    # (importing torch._dynamo makes the folder, empty)
+    assert [p for p in (tmp_path / "tmp").rglob("*") if p.is_file()] == []
+    assert len(list((tmp_path / "xmem").rglob("fxgraph/*/*"))) == 3  # the step's forward and backward, and scale's
+    assert torch.compiler.save_cache_artifacts() is None

@@ -232,6 +232,37 @@ def _enter_caches(stack: contextlib.ExitStack, icfg: Any, props: Any) -> None:
     if where is not None:
         # torch's cache_dir() writes the variable back into os.environ: it is put back after
         stack.enter_context(patched_item(os.environ, "TORCHINDUCTOR_CACHE_DIR", where))
+        _answer_cache_dir(stack, where)
+    # Nothing compiled here reaches torch's portable artifacts (torch.compiler.save_cache_artifacts,
+    # which Unsloth's "mega-cache" saves at exit and loads into later runs, on a GPU too)
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+    except ImportError:  # torch < 2.7: no portable artifacts
+        return
+    stack.enter_context(patched_attr(CacheArtifactManager, "record_artifact", classmethod(lambda cls, *a, **k: None)))
+
+
+def _answer_cache_dir(stack: contextlib.ExitStack, where: str) -> None:
+    """torch's ``cache_dir()`` answers ``where`` in every module that imported it, whatever the
+    environment says: Unsloth's patching pops ``TORCHINDUCTOR_CACHE_DIR`` mid-run, after which
+    Inductor read and wrote xmem's graphs in torch's own folder. A module imported meanwhile keeps
+    the stand-in, which asks the original again once the stack has closed."""
+    import sys
+
+    from torch._inductor.runtime import cache_dir_utils
+
+    original, active = cache_dir_utils.cache_dir, [True]
+
+    def cache_dir() -> str:
+        if not active[0]:
+            return original()
+        os.makedirs(where, exist_ok=True)
+        return where
+
+    for name, mod in list(sys.modules.items()):
+        if (name == "torch" or name.startswith("torch.")) and vars(mod).get("cache_dir") is original:
+            stack.enter_context(patched_attr(mod, "cache_dir", cache_dir))
+    stack.callback(active.__setitem__, 0, False)
 
 
 @contextlib.contextmanager
