@@ -16,7 +16,8 @@ import ipywidgets as widgets
 
 
 class Progress(widgets.HBox):
-    """Pulsing bar + "tracing ... 3.2 s, 12,345 events" label."""
+    """Pulsing bar + "tracing ... 3.2 s, 12,345 events" label (and what the trace is doing, where
+    the probe has a ``status()``: a compile)."""
 
     def __init__(self, **kwargs):
         self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, bar_style="info",
@@ -43,7 +44,8 @@ class Progress(widgets.HBox):
                 self.bar.value = (k % 20) / 19.0
                 n = probe()
                 events = f", {n:,} events" if n else ""
-                self.label.value = f"{message} {time.perf_counter() - t0:.1f} s{events}"
+                doing = getattr(probe, "status", lambda: "")()
+                self.label.value = f"{message} {time.perf_counter() - t0:.1f} s{events}" + (f"; {doing}" if doing else "")
 
         self.label.value = f"{message} 0.0 s"
         self._thread = threading.Thread(target=tick, name="xmem-progress", daemon=True)
@@ -73,3 +75,10 @@ class TracerProbe:
         t = self.tracer
         events = getattr(t, "events", None)
         return len(events) if events is not None else None
+
+    def status(self) -> str:
+        """What the trace does now when it is not the user's code: a ``torch.compile`` compiling,
+        which adds no event for a minute or more on a large model."""
+        if getattr(self.tracer, "compiling", False):
+            return "compiling for the target GPU (Inductor, on the CPU; a re-run reads it from xmem's cache)"
+        return ""

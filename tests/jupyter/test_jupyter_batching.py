@@ -86,6 +86,24 @@ def test_progress_counts_and_hides():
     assert p.label.value == "interrupted" and p.layout.display == ""
 
 
+def test_progress_says_when_the_trace_is_compiling():
+    """A compile adds no event for a minute or more: the label says what is going on."""
+    import types
+
+    from xmem_jupyter.progress import Progress, TracerProbe
+
+    probe, tracer = TracerProbe(), types.SimpleNamespace(events=[0] * 12, compiling=True)
+    probe.setup(tracer)
+    p = Progress()
+    p.start("tracing on the CPU:", probe, period=0.05)
+    time.sleep(0.3)
+    assert "12 events; compiling for the target GPU (Inductor, on the CPU" in p.label.value
+    tracer.compiling = False
+    time.sleep(0.3)
+    assert p.label.value.endswith("12 events")
+    p.stop()
+
+
 KEYWORD_CELL = """
 import torch, torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
