@@ -151,3 +151,26 @@ def test_torchs_own_cache_is_neither_read_nor_written(tmp_path, monkeypatch):
     assert [p for p in (tmp_path / "tmp").rglob("*") if p.is_file()] == []
     assert len(list((tmp_path / "xmem").rglob("fxgraph/*/*"))) == 3  # the step's forward and backward, and scale's
     assert torch.compiler.save_cache_artifacts() is None
+
+
+def test_a_module_imported_during_an_earlier_trace_answers_this_ones_folder(tmp_path, monkeypatch):
+    """A torch module first imported while a trace compiled keeps that trace's ``cache_dir``
+    stand-in (it asks torch's own once the trace is over); the next trace answers it too."""
+    import sys
+    import types
+
+    from torch._inductor.runtime import cache_dir_utils
+
+    real = cache_dir_utils.cache_dir
+    earlier = lambda: real()  # noqa: E731  (what an earlier trace left behind)
+    earlier.original = real
+    monkeypatch.setitem(sys.modules, "torch._xmem_imported_earlier", types.SimpleNamespace(cache_dir=earlier))
+    monkeypatch.setenv(CACHE_DIR_VAR, str(tmp_path / "xmem"))
+    answer = tmp_path / "answer.txt"
+    code = POPS_THE_VARIABLE + f"""
+import sys
+open({str(answer)!r}, "w").write(sys.modules["torch._xmem_imported_earlier"].cache_dir())
+"""
+    trace(code, {}, mode="fake", device=H100)
+    assert answer.read_text().startswith(str(tmp_path / "xmem" / "inductor"))
+    assert sys.modules["torch._xmem_imported_earlier"].cache_dir is earlier  # put back after

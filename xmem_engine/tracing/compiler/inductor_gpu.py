@@ -252,6 +252,7 @@ def _answer_cache_dir(stack: contextlib.ExitStack, where: str) -> None:
     from torch._inductor.runtime import cache_dir_utils
 
     original, active = cache_dir_utils.cache_dir, [True]
+    original = getattr(original, "original", original)  # a stand-in an earlier trace left in a module
 
     def cache_dir() -> str:
         if not active[0]:
@@ -259,8 +260,10 @@ def _answer_cache_dir(stack: contextlib.ExitStack, where: str) -> None:
         os.makedirs(where, exist_ok=True)
         return where
 
+    cache_dir.original = original  # type: ignore[attr-defined]
     for name, mod in list(sys.modules.items()):
-        if (name == "torch" or name.startswith("torch.")) and vars(mod).get("cache_dir") is original:
+        found = vars(mod).get("cache_dir") if name == "torch" or name.startswith("torch.") else None
+        if found is original or getattr(found, "original", None) is original:
             stack.enter_context(patched_attr(mod, "cache_dir", cache_dir))
     stack.callback(active.__setitem__, 0, False)
 
