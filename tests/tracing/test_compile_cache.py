@@ -8,6 +8,7 @@ is per target GPU, is xmem's directory and not torch's, and ``XMEM_CACHE_DIR=off
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -72,6 +73,8 @@ def test_a_second_estimate_reads_the_compiled_graphs_back_and_traces_the_same_ev
     # the graphs are in xmem's directory, and torch's own cache setting is as it was
     assert all(p.startswith(str(tmp_path / "inductor")) for p in warm.meta["compile"]["wrappers"])
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+    (folder,) = (tmp_path / "inductor").iterdir()  # named for what it was compiled for (xmem cache lists it)
+    assert json.loads((folder / "about.json").read_text()) == {"gpu": H100["name"], "torch": torch.__version__}
 
 
 def test_tensors_that_cycles_hold_are_freed_at_the_same_point_warm_or_cold(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """The ``xmem`` command: ``main.py`` (the parser, ``estimate``, ``trace``, ``simulate``, ``replay``,
-``gpus``), ``advise.py``, ``sweep.py`` and ``ops.py`` (a subcommand each), ``common.py`` (exit
+``gpus``), ``advise.py``, ``sweep.py``, ``ops.py`` and ``cache.py`` (a subcommand each), ``common.py`` (exit
 codes, errors and the input checks every subcommand shares)."""
 
 from xmem_engine.cli.common import REPORT_HINT

@@ -1,6 +1,6 @@
 """What every ``xmem`` subcommand shares: exit codes, the errors that become them, how a
 traced script's failures are reported, and the checks of the inputs a script command takes.
-(``main.py`` holds the commands; ``advise.py``, ``sweep.py`` and ``ops.py`` one each.)
+(``main.py`` holds the commands; ``advise.py``, ``sweep.py``, ``ops.py`` and ``cache.py`` one each.)
 """
 
 from __future__ import annotations

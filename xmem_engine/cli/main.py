@@ -627,12 +627,14 @@ def _cmd_gpus(args) -> int:
 def _add_kept_apart(sub) -> None:
     """The subcommands kept in modules of their own, after ``estimate``."""
     from xmem_engine.cli.advise import add_advise
+    from xmem_engine.cli.cache import add_cache
     from xmem_engine.cli.ops import add_ops
     from xmem_engine.cli.sweep import add_sweep
 
     add_advise(sub)
     add_sweep(sub)
     add_ops(sub)
+    add_cache(sub)
 
 
 _SUBCOMMANDS: list = [_add_estimate, _add_kept_apart, _add_trace, _add_replay, _add_simulate, _add_gpus]

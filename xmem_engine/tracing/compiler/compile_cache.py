@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -31,6 +32,8 @@ IN_USE_SECONDS = 3600.0
 #: the file whose modification time says when a sub-folder was last used (a directory's own time
 #: changes only when its direct entries do)
 LAST_USED = ".last-used"
+#: what a sub-folder was compiled for (target GPU, torch), as ``xmem cache`` lists it
+ABOUT = "about.json"
 
 _OFF = ("", "0", "off", "none", "false")
 
@@ -84,6 +87,23 @@ def cache_limit_bytes() -> int:
     return int(mib * (1 << 20))
 
 
+def folders() -> list[dict]:
+    """The cache's sub-folders, most recently used first: path, bytes, last use (seconds since
+    the epoch) and what they were compiled for (empty where not recorded)."""
+    root = cache_root()
+    if root is None or not (root / "inductor").is_dir():
+        return []
+    found = []
+    for path in (root / "inductor").iterdir():
+        if path.is_dir():
+            try:
+                about = json.loads((path / ABOUT).read_text())
+            except (OSError, ValueError):
+                about = {}
+            found.append({"path": str(path), "bytes": _size(path), "last_used": _last_used(path), **about})
+    return sorted(found, key=lambda f: -f["last_used"])
+
+
 def _size(path: Path) -> int:
     total = 0
     for parent, _dirs, files in os.walk(path):
@@ -104,15 +124,18 @@ def _last_used(path: Path) -> float:
     return 0.0
 
 
-def make_room(where: str, limit: int | None = None, now: float | None = None) -> list[str]:
+def make_room(where: str, limit: int | None = None, now: float | None = None, about: dict | None = None) -> list[str]:
     """Mark ``where`` (a :func:`compile_cache_dir`) used now, and bring the cache under ``limit``
     bytes (:func:`cache_limit_bytes`) by removing the sub-folders used least recently, none used
     within :data:`IN_USE_SECONDS` but ``where`` itself; ``where`` is emptied too when it alone is
-    over the limit (this trace has not compiled yet: it compiles afresh). The removed folders."""
+    over the limit (this trace has not compiled yet: it compiles afresh). ``about`` (the target
+    GPU and torch, for ``xmem cache``) is written beside the graphs. The removed folders."""
     limit = cache_limit_bytes() if limit is None else limit
     now = time.time() if now is None else now
     here = Path(where)
     here.mkdir(parents=True, exist_ok=True)
+    if about is not None and not (here / ABOUT).exists():
+        (here / ABOUT).write_text(json.dumps(about))
     marker = here / LAST_USED
     marker.touch()
     os.utime(marker, (now, now))
@@ -132,5 +155,7 @@ def make_room(where: str, limit: int | None = None, now: float | None = None) ->
         shutil.rmtree(here, ignore_errors=True)
         here.mkdir(parents=True, exist_ok=True)
         marker.touch()
+        if about is not None:
+            (here / ABOUT).write_text(json.dumps(about))
         removed.append(str(here))
     return removed

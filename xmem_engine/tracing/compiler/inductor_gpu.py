@@ -221,7 +221,7 @@ def _enter_caches(stack: contextlib.ExitStack, icfg: Any, props: Any) -> None:
 
     where = compile_cache_dir(props)
     if where is not None:
-        make_room(where)
+        make_room(where, about={"gpu": str(props.name), "torch": torch.__version__})
     settings = dict(force_disable_caches=where is None, fx_graph_cache=where is not None, fx_graph_remote_cache=False,
                     autotune_local_cache=False, autotune_remote_cache=False, bundled_autotune_remote_cache=False)
     for key, value in settings.items():
