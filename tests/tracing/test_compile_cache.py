@@ -177,3 +177,14 @@ open({str(answer)!r}, "w").write(sys.modules["torch._xmem_imported_earlier"].cac
     trace(code, {}, mode="fake", device=H100)
     assert answer.read_text().startswith(str(tmp_path / "xmem" / "inductor"))
     assert sys.modules["torch._xmem_imported_earlier"].cache_dir is earlier  # put back after
+
+
+def test_a_folder_that_cannot_be_written_turns_the_cache_off_not_the_estimate(tmp_path, monkeypatch):
+    """A cluster's compute node may have a read-only home: the compile went on without the cache
+    (every compiled estimate had stopped in the cache's mkdir)."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv(CACHE_DIR_VAR, str(blocked))
+    with pytest.warns(RuntimeWarning, match="xmem's compile cache is off for this estimate"):
+        tr = trace(STEP, {}, mode="fake", device=H100)
+    assert tr.meta["compile"]["graphs"] == 1 and tr.meta["compile"]["cached"] == 0

@@ -100,6 +100,7 @@ def folders() -> list[dict]:
                 about = json.loads((path / ABOUT).read_text())
             except (OSError, ValueError):
                 about = {}
+            about = about if isinstance(about, dict) else {}
             found.append({"path": str(path), "bytes": _size(path), "last_used": _last_used(path), **about})
     return sorted(found, key=lambda f: -f["last_used"])
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.tracing.compiler.compile_cache import compile_cache_dir, make_room
+from xmem_engine.tracing.compiler.compile_cache import CACHE_DIR_VAR, compile_cache_dir, make_room
 from xmem_engine.tracing.compiler.inductor_autotune import (autotune_of, benchmark_allocations, flush_bytes,
                                                             kernel_def, pad_mm_should_pad)
 from xmem_engine.tracing.patches import patched_attr, patched_item
@@ -221,7 +221,14 @@ def _enter_caches(stack: contextlib.ExitStack, icfg: Any, props: Any) -> None:
 
     where = compile_cache_dir(props)
     if where is not None:
-        make_room(where, about={"gpu": str(props.name), "torch": torch.__version__})
+        try:
+            make_room(where, about={"gpu": str(props.name), "torch": torch.__version__})
+        except OSError as e:  # a read-only home on a cluster's compute node: estimate without the cache
+            import warnings
+
+            warnings.warn(f"xmem's compile cache is off for this estimate: {e}. Set {CACHE_DIR_VAR} to a "
+                          f"writable folder (or to off)", RuntimeWarning, stacklevel=2)
+            where = None
     settings = dict(force_disable_caches=where is None, fx_graph_cache=where is not None, fx_graph_remote_cache=False,
                     autotune_local_cache=False, autotune_remote_cache=False, bundled_autotune_remote_cache=False)
     for key, value in settings.items():
