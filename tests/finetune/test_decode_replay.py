@@ -192,7 +192,10 @@ def test_a_static_cache_step_compiled_by_generate_is_made_too(monkeypatch):
 
     out = {}
     for flag in ("1", "0"):
-        env = dict(os.environ, **{decode_replay.ENV: flag})
+        # both compile afresh: with xmem's compile cache shared, the second read the first's graphs,
+        # and the static cache's last frees (its tensors at the script's end, after the peak) came in
+        # another order in about half the runs (2026-12-07, not yet explained)
+        env = dict(os.environ, XMEM_CACHE_DIR="off", **{decode_replay.ENV: flag})
         run = subprocess.run([sys.executable, "-c", f"FIELDS = {FIELDS!r}" + _IN_PROCESS], input=STATIC, env=env,
                              capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stderr[-3000:]
