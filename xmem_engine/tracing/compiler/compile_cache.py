@@ -135,11 +135,6 @@ def make_room(where: str, limit: int | None = None, now: float | None = None, ab
     now = time.time() if now is None else now
     here = Path(where)
     here.mkdir(parents=True, exist_ok=True)
-    if about is not None and not (here / ABOUT).exists():
-        (here / ABOUT).write_text(json.dumps(about))
-    marker = here / LAST_USED
-    marker.touch()
-    os.utime(marker, (now, now))
     entries = [(p, _size(p), _last_used(p)) for p in here.parent.iterdir() if p.is_dir()]
     total = sum(size for _, size, _ in entries)
     removed = []
@@ -151,12 +146,13 @@ def make_room(where: str, limit: int | None = None, now: float | None = None, ab
         shutil.rmtree(path, ignore_errors=True)
         total -= size
         removed.append(str(path))
-    own = next(size for path, size, _ in entries if path == here)
-    if own > limit:
+    if next(size for path, size, _ in entries if path == here) > limit:
         shutil.rmtree(here, ignore_errors=True)
         here.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-        if about is not None:
-            (here / ABOUT).write_text(json.dumps(about))
         removed.append(str(here))
+    if about is not None and not (here / ABOUT).exists():
+        (here / ABOUT).write_text(json.dumps(about))
+    marker = here / LAST_USED
+    marker.touch()
+    os.utime(marker, (now, now))
     return removed

@@ -258,8 +258,7 @@ def _answer_cache_dir(stack: contextlib.ExitStack, where: str) -> None:
 
     from torch._inductor.runtime import cache_dir_utils
 
-    original, active = cache_dir_utils.cache_dir, [True]
-    original = getattr(original, "original", original)  # a stand-in an earlier trace left in a module
+    original, active = cache_dir_utils.cache_dir, [True]  # (the module's own is put back after each trace)
 
     def cache_dir() -> str:
         if not active[0]:
