@@ -355,6 +355,43 @@ def test_a_graph_break_compiles_two_graphs_and_is_named():
     assert len(forward) >= 2 and got == [b for p in forward for b in _buffers(p)]
 
 
+TRAIN_STEP = """
+import torch, torch.nn as nn
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+@torch.compile
+def train_step(x, t):
+    loss = (model(x) - t).square().mean()
+    loss.backward()
+    return loss
+x, t = torch.randn(32, 64, device="cuda"), torch.randn(32, 64, device="cuda")
+for i in range(3):
+    train_step(x, t)
+    opt.step(); opt.zero_grad()
+"""
+
+
+def test_a_training_step_compiled_whole_has_the_steps_phases():
+    """``@torch.compile`` on a function that runs forward and ``backward()``: Dynamo runs no module
+    hooks and calls ``backward()`` eagerly at a graph break, with the device mode off. The
+    compiled forward had been phase "other" (its buffers "other", none an activation) and the
+    trace had no iterations at all."""
+    tr = trace(TRAIN_STEP, {}, mode="fake", device=H100)
+    assert max(e.iteration for e in tr.events) == 2
+    wrappers = tr.meta["compile"]["wrappers"]
+    forward = [p for p in wrappers if "tangents_" not in open(p).read()]
+    backward = [p for p in wrappers if "tangents_" in open(p).read()]
+    assert len(forward) == len(backward) == 1
+    for phase, path in (("forward", forward[0]), ("backward", backward[0])):
+        got = [s for s, op in _allocs(tr, 1, phase) if op == "aten.empty_strided.default"]
+        assert got == _buffers(path), phase
+    saved = {e.category for e in tr.events if e.kind == "alloc" and e.iteration == 1 and e.phase == "forward"}
+    assert "activation" in saved and "other" not in saved
+    # the optimizer's step still ends each iteration: one phase change to "optimizer" in each
+    steps = [e.iteration for e in tr.events if e.kind == "phase" and e.phase == "optimizer"]
+    assert steps == [0, 1, 2]
+
+
 def test_a_library_that_wraps_torch_compile_and_copies_its_arguments_still_compiles():
     """Lightning replaces ``torch.compile`` at import with a wrapper that deep-copies each call's
     arguments onto the module (``lightning/fabric/wrappers.py``, ``_capture_compile_kwargs``) and

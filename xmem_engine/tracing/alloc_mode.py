@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from xmem_engine.tracing.shims.subclasses import is_fake_wrapper, is_wrapper
+from xmem_engine.tracing.shims.subclasses import is_fake_wrapper, is_wrapper, tensors_in
 
 from xmem_engine.tracing.kernels.cuda_temporaries import RULES as CUDA_TEMPORARIES
 from xmem_engine.tracing.kernels.cuda_temporaries import BySM
@@ -38,7 +38,7 @@ from xmem_engine.tracing.fake.guesses import BEFORE_FAKE
 from xmem_engine.tracing.host_memory import CHECK_BYTES, HostMemoryExceeded
 from xmem_engine.tracing.scope import CPU, CallScope, Device
 from xmem_engine.tracing.symbolic import is_symbolic
-from xmem_engine.tracing.tracer import Tracer, tensors_in
+from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.ops import register
 
 

@@ -284,14 +284,17 @@ class DeviceMode(TorchFunctionMode):
         custom Functions' backward, a checkpoint's recomputation) must see the virtual device
         as forward did. The dispatch mode takes it off again for the aten ops (``AllocMode``).
         ``raised`` is called when a backward raises (an out-of-memory error), before the error
-        reaches the user's code: the tracer lets go of the graph it ran on."""
+        reaches the user's code: the tracer lets go of the graph it ran on. The engine's run is
+        the backward phase also where ``backward()`` was called with this mode off (in a function
+        compiled whole, Dynamo calls it eagerly at a graph break)."""
 
         def run(*args: Any, **kwargs: Any) -> Any:
             try:
-                if self.on_stack():
-                    return run_backward(*args, **kwargs)
-                with self:
-                    return run_backward(*args, **kwargs)
+                with self.t.backward_phase():
+                    if self.on_stack():
+                        return run_backward(*args, **kwargs)
+                    with self:
+                        return run_backward(*args, **kwargs)
             except BaseException:
                 raised()
                 raise

@@ -13,16 +13,15 @@ Autograd's saved-tensor hooks tell which storages are saved for backward (``acti
 parameters, buffers, gradients and optimizer state are recognised from the modules and
 optimizers the code uses, and a storage's category only moves up (``_RANK``), so the last
 word is the most specific one. ``forward`` starts at the forward pre-hook of a top-level
-module (one called while no other module runs) and lasts until a backward starts;
-``backward`` lasts while ``Tensor.backward`` / ``torch.autograd.backward`` /
-``torch.autograd.grad`` run; ``optimizer`` while ``Optimizer.step`` runs, except inside the
-closure passed to it (``step(closure)``: LBFGS, Lightning's automatic optimization), whose
-forward and backward are phases as they are outside; everything else is ``other``.
-Iteration 0 starts at the first top-level forward; a new iteration starts at the
-first top-level forward after an optimizer step (with gradient accumulation, an iteration
-holds all the micro-batches of one step), or, while the code has created no optimizer, at
-the first top-level forward after a backward. Events before the first forward (model
-construction, ``.to("cuda")``) carry iteration -1.
+module (one called while no other module runs), or at a differentiable compiled graph run
+outside one, and lasts until a backward starts; ``backward`` lasts while autograd's engine
+runs; ``optimizer`` while ``Optimizer.step`` runs, except inside the closure passed to it
+(LBFGS, Lightning's automatic optimization), whose forward and backward are phases as they
+are outside; everything else is ``other``. Iteration 0 starts at the first forward; a new
+one at the first forward after an optimizer step (with gradient accumulation, an iteration
+holds all the micro-batches of one step), or, while the code has created no optimizer,
+after a backward. Events before the first forward (model construction, ``.to("cuda")``)
+carry iteration -1.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ from xmem_engine.tracing.shims.distributed import World
 from xmem_engine.tracing.fake.guesses import Guesses
 from xmem_engine.tracing.host_memory import HostBudget
 from xmem_engine.tracing.fake.shadow_values import Shadows
-from xmem_engine.tracing.shims.subclasses import inner_tensors, is_wrapper, storage_key
+from xmem_engine.tracing.shims.subclasses import inner_tensors, is_wrapper, storage_key, tensors_in
 from xmem_engine.tracing.user_state import UserState
 from xmem_engine.tracing.virtual_cuda import VirtualCuda, VirtualStream
 
@@ -78,20 +77,6 @@ class Live:
     block: Any
     ref: weakref.ref
     nbytes: int
-
-
-def tensors_in(x: Any) -> Iterator[torch.Tensor]:
-    """The tensors of an op's arguments or outputs; a wrapper subclass (DTensor) as the plain
-    tensors it holds, which are what has storage (``subclasses.py``)."""
-    if isinstance(x, torch.Tensor):
-        if is_wrapper(x):
-            yield from inner_tensors(x)
-        else:
-            yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            if isinstance(y, (torch.Tensor, list, tuple)):
-                yield from tensors_in(y)
 
 
 _STORAGE_RESIZE = "UntypedStorage.resize_"  # the op name of a storage's resize in the trace
@@ -527,10 +512,21 @@ class Tracer:
                     self._names[m] = name or label
                     self.module_types.setdefault(name or label, type(m).__name__)
             self._roots.add(module)
+        self._begin_forward()
+        self.classify_modules([module])
+
+    def compiled_graph_starts(self, args: Iterable[Any]) -> None:
+        """A differentiable compiled graph (grad on, an input requiring it: AOTAutograd's rule) called
+        outside any forward starts one: ``@torch.compile`` on a function that calls the model runs
+        no module hooks."""
+        if self.phase == Phase.OTHER and torch.is_grad_enabled() and any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            self._begin_forward()
+
+    def _begin_forward(self) -> None:
         if self.iteration < 0 or self._stepped or (self._backward_done and not self._optimizers):
             self._new_iteration()
         self.set_phase(Phase.FORWARD)
-        self.classify_modules([module])
 
     def _optimizer_init(self) -> Callable[..., None]:
         """``Optimizer.__init__`` that tells the tracer an optimizer exists (iterations then

@@ -423,10 +423,7 @@ class CompiledCalls:
         from xmem_engine.tracing.compiler import python_autograd
         start = time.perf_counter()
         try:
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(_flag(self.t, "compiling"))
-                stack.enter_context(real_availability())
-                stack.enter_context(python_autograd.installed())
+            with _flag(self.t, "compiling"), real_availability(), python_autograd.installed():
                 yield
         finally:
             # Inductor makes objects by the million: full collections run in it on a GPU, freeing tensors
@@ -436,9 +433,10 @@ class CompiledCalls:
 
     def runtime(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A backend's compiled callable, run with the device mode on (as eager code runs)."""
-        tracer, virtual = self.t, self.virtual
+        tracer, virtual, boxed = self.t, self.virtual, getattr(fn, "_boxed_call", False)
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            tracer.compiled_graph_starts(args[0] if len(args) == 1 and isinstance(args[0], list) else args)  # (boxed)
             mode = tracer.device_mode
             if mode.on_stack():
                 with _flag(mode, "compiled_code"):
@@ -447,7 +445,7 @@ class CompiledCalls:
                     _flag(mode, "compiled_code"), mode, with_dispatch_mode(self.hidden):
                 return fn(*args, **kwargs)
 
-        if getattr(fn, "_boxed_call", False):
+        if boxed:
             run._boxed_call = True  # type: ignore[attr-defined]
         return run
 
@@ -572,6 +570,7 @@ def _dynamo_skips_the_tracer() -> None:
         return
     from xmem_engine.tracing import alloc_mode, device_mode, virtual_cuda
     from xmem_engine.tracing.kernels.autocast_policy import CudaAutocastPolicy
+    from xmem_engine.tracing.tracer import Tracer
 
     skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)  # this frame and all it calls
     codes = [alloc_mode.AllocMode.__torch_dispatch__.__code__, device_mode.DeviceMode.__torch_function__.__code__]
@@ -580,6 +579,13 @@ def _dynamo_skips_the_tracer() -> None:
               for c in f.__code__.co_consts if isinstance(c, types.CodeType)]
     for code in codes:
         set_code_exec_strategy(code, skip)
+    # autograd's engine as the tracer wraps it, where a function compiled whole calls ``backward()``
+    # at a graph break: the wrapper and its bookkeeping are skipped, the engine's frames Dynamo's to decide
+    for code in (device_mode.DeviceMode.on_stack.__code__, Tracer.backward_phase.__wrapped__.__code__):
+        set_code_exec_strategy(code, skip)
+    for c in device_mode.DeviceMode.in_backward_engine.__code__.co_consts:
+        if getattr(c, "co_name", "") == "run":
+            set_code_exec_strategy(c, FrameExecStrategy(FrameAction.SKIP, FrameAction.DEFAULT))
 
 
 def _dynamo_fakes(gm: torch.fx.GraphModule, example_inputs: list) -> list:

@@ -25,7 +25,7 @@ import torch
 
 from xmem_engine.gpus.cudnn import ConvProblem
 from xmem_engine.tracing.kernels.conv_layout import cuda_layout
-from xmem_engine.tracing.tracer import tensors_in
+from xmem_engine.tracing.shims.subclasses import tensors_in
 from xmem_engine.tracing.ops import register
 from xmem_engine.tracing.symbolic import deferred
 

@@ -54,3 +54,17 @@ def is_fake_wrapper(t: Any) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return is_wrapper(t) and all(isinstance(x, FakeTensor) for x in inner_tensors(t))
+
+
+def tensors_in(x: Any) -> Iterator[torch.Tensor]:
+    """The tensors of an op's arguments or outputs; a wrapper subclass (DTensor) as the plain
+    tensors it holds, which are what has storage."""
+    if isinstance(x, torch.Tensor):
+        if is_wrapper(x):
+            yield from inner_tensors(x)
+        else:
+            yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            if isinstance(y, (torch.Tensor, list, tuple)):
+                yield from tensors_in(y)
