@@ -365,6 +365,7 @@ def train_step(x, t):
     loss.backward()
     return loss
 x, t = torch.randn(32, 64, device="cuda"), torch.randn(32, 64, device="cuda")
+torch._dynamo.config.compiled_autograd = True  # (PyTorch's tutorial "Compiled Autograd" sets it)
 for i in range(3):
     train_step(x, t)
     opt.step(); opt.zero_grad()
@@ -390,6 +391,9 @@ def test_a_training_step_compiled_whole_has_the_steps_phases():
     # the optimizer's step still ends each iteration: one phase change to "optimizer" in each
     steps = [e.iteration for e in tr.events if e.kind == "phase" and e.phase == "optimizer"]
     assert steps == [0, 1, 2]
+    # Dynamo breaks its graph at backward() only: not in the tracer's code that backward runs
+    breaks = [n for n in tr.meta["notes"] if "graph break" in n]
+    assert len(breaks) == 1 and "1 graph break," in breaks[0] and "backward" in breaks[0], breaks
 
 
 def test_a_library_that_wraps_torch_compile_and_copies_its_arguments_still_compiles():

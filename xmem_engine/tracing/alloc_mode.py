@@ -167,7 +167,7 @@ class AllocMode(TorchDispatchMode):
         """No ``torch._disable_dynamo`` wrapper around ``__torch_dispatch__`` (TorchDispatchMode's
         opt-out): it turns Dynamo's frame hook off and on for every op, 2% of a ``generate()``
         trace (a third of whose ops are ``prim.device`` queries). Dynamo is kept out of the
-        tracer's handlers by ``torch_compile._dynamo_skips_the_tracer`` wherever it compiles."""
+        tracer's handlers by ``mode_stacks.dynamo_skips_the_tracer`` wherever it compiles."""
         return False
 
     @classmethod

@@ -12,6 +12,7 @@ The tracer's module hooks and saved-tensor hooks are taken off likewise (:func:`
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Any, Callable, Iterator
 
 import torch
@@ -190,3 +191,35 @@ def saved_hooks_yielding(tracer: Any, disable: Callable[[str], Any]) -> Callable
 
     disable_saved_tensors_hooks.__wrapped__ = disable  # type: ignore[attr-defined]  # what hooks_off shows Dynamo
     return disable_saved_tensors_hooks
+
+
+def dynamo_skips_the_tracer() -> None:
+    """Dynamo never compiles the tracer's own handlers. Where it skips a frame it runs the frame
+    eagerly with its callback on, and would take the next Python frame for a new entry: under a
+    skipped frame (torch 2.10 skips ``nn.Linear``'s ``_call_impl`` and ``forward``) that is the
+    tracer's dispatch handler or ``FakeTensor.device``, which it cannot trace; under torch's
+    ``autocast`` decorator (accelerate's bf16 ``forward``), the autocast region's ``__enter__``
+    and CUDA's cast policy (the ``AutocastCPU`` kernels, ``autocast_policy.py``)."""
+    try:
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:  # an older torch: no per-code strategy; nothing to do
+        return
+    from xmem_engine.tracing import alloc_mode, device_mode, virtual_cuda
+    from xmem_engine.tracing.kernels.autocast_policy import CudaAutocastPolicy
+    from xmem_engine.tracing.tracer import Tracer
+
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)  # this frame and all it calls
+    codes = [alloc_mode.AllocMode.__torch_dispatch__.__code__, device_mode.DeviceMode.__torch_function__.__code__]
+    codes += [c for c in device_mode.fake_device_property.__code__.co_consts if getattr(c, "co_name", "") == "device"]
+    codes += [c for f in (virtual_cuda.autocast_methods, CudaAutocastPolicy.kernel)  # (their nested functions)
+              for c in f.__code__.co_consts if isinstance(c, types.CodeType)]
+    for code in codes:
+        set_code_exec_strategy(code, skip)
+    # autograd's engine as the tracer wraps it, where a function compiled whole calls ``backward()``
+    # at a graph break: the wrapper and its bookkeeping are skipped, the engine's frames Dynamo's to decide
+    for code in (device_mode.DeviceMode.on_stack.__code__, Tracer.backward_phase.__wrapped__.__code__):
+        set_code_exec_strategy(code, skip)
+    for c in device_mode.DeviceMode.in_backward_engine.__code__.co_consts:
+        if getattr(c, "co_name", "") == "run":
+            set_code_exec_strategy(c, FrameExecStrategy(FrameAction.SKIP, FrameAction.DEFAULT))

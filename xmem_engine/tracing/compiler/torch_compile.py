@@ -60,9 +60,9 @@ from xmem_engine.tracing.compiler.fake_parameters import dynamo_sees_library_cla
 from xmem_engine.tracing.compiler.gpu_reach import reaches_gpu
 from xmem_engine.tracing.compiler.inductor_gpu import (answering_availability, availability, inductor_for_virtual_gpu,
                                               real_availability)
-from xmem_engine.tracing.compiler.mode_stacks import (DYNAMO_KEEPS_DISPATCH_MODES, dispatch_mode_of, hooks_off,
-                                                       with_dispatch_mode, without_dispatch_mode,
-                                                       without_function_mode)
+from xmem_engine.tracing.compiler.mode_stacks import (DYNAMO_KEEPS_DISPATCH_MODES, dispatch_mode_of,
+                                                       dynamo_skips_the_tracer, hooks_off, with_dispatch_mode,
+                                                       without_dispatch_mode, without_function_mode)
 from xmem_engine.tracing.compiler.recomputation import recomputed_as_forward_ran
 from xmem_engine.tracing.patches import eager_compiled, patched_attr, patched_item
 
@@ -298,7 +298,7 @@ class CompiledCalls:
             # real guard's error is thrown where C++ cannot catch it (the process aborts).
             if hasattr(torch._C, "_ensureCUDADeviceGuardSet"):  # torch >= 2.7
                 torch._C._ensureCUDADeviceGuardSet()
-            _dynamo_skips_the_tracer()
+            dynamo_skips_the_tracer()
             self.stack.enter_context(inductor_for_virtual_gpu(
                 self.t.vc.props, lambda mod: self.record.wrappers.append(getattr(mod, "__file__", "") or ""),
                 lambda steps: self.t.transients(PAD_MM_TIMING, steps), self._kernel_wrote))
@@ -556,38 +556,6 @@ def standing_in_for_main(main: types.ModuleType) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- small helpers
-def _dynamo_skips_the_tracer() -> None:
-    """Dynamo never compiles the tracer's own handlers. Where it skips a frame it runs the frame
-    eagerly with its callback on, and would take the next Python frame for a new entry: under a
-    skipped frame (torch 2.10 skips ``nn.Linear``'s ``_call_impl`` and ``forward``) that is the
-    tracer's dispatch handler or ``FakeTensor.device``, which it cannot trace; under torch's
-    ``autocast`` decorator (accelerate's bf16 ``forward``), the autocast region's ``__enter__``
-    and CUDA's cast policy (the ``AutocastCPU`` kernels, ``autocast_policy.py``)."""
-    try:
-        from torch._dynamo.eval_frame import set_code_exec_strategy
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
-    except ImportError:  # an older torch: no per-code strategy; nothing to do
-        return
-    from xmem_engine.tracing import alloc_mode, device_mode, virtual_cuda
-    from xmem_engine.tracing.kernels.autocast_policy import CudaAutocastPolicy
-    from xmem_engine.tracing.tracer import Tracer
-
-    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)  # this frame and all it calls
-    codes = [alloc_mode.AllocMode.__torch_dispatch__.__code__, device_mode.DeviceMode.__torch_function__.__code__]
-    codes += [c for c in device_mode.fake_device_property.__code__.co_consts if getattr(c, "co_name", "") == "device"]
-    codes += [c for f in (virtual_cuda.autocast_methods, CudaAutocastPolicy.kernel)  # (their nested functions)
-              for c in f.__code__.co_consts if isinstance(c, types.CodeType)]
-    for code in codes:
-        set_code_exec_strategy(code, skip)
-    # autograd's engine as the tracer wraps it, where a function compiled whole calls ``backward()``
-    # at a graph break: the wrapper and its bookkeeping are skipped, the engine's frames Dynamo's to decide
-    for code in (device_mode.DeviceMode.on_stack.__code__, Tracer.backward_phase.__wrapped__.__code__):
-        set_code_exec_strategy(code, skip)
-    for c in device_mode.DeviceMode.in_backward_engine.__code__.co_consts:
-        if getattr(c, "co_name", "") == "run":
-            set_code_exec_strategy(c, FrameExecStrategy(FrameAction.SKIP, FrameAction.DEFAULT))
-
-
 def _dynamo_fakes(gm: torch.fx.GraphModule, example_inputs: list) -> list:
     """The backend's example inputs as fake tensors of the compile's own fake mode (true
     ``cuda`` fakes): Dynamo hands a backend the tensors it was called with, here the tracer's
