@@ -357,6 +357,7 @@ def test_a_graph_break_compiles_two_graphs_and_is_named():
 
 TRAIN_STEP = """
 import torch, torch.nn as nn
+torch._dynamo.config.compiled_autograd = True  # (PyTorch's tutorial "Compiled Autograd"; read by torch.compile)
 model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 @torch.compile
@@ -365,7 +366,6 @@ def train_step(x, t):
     loss.backward()
     return loss
 x, t = torch.randn(32, 64, device="cuda"), torch.randn(32, 64, device="cuda")
-torch._dynamo.config.compiled_autograd = True  # (PyTorch's tutorial "Compiled Autograd" sets it)
 for i in range(3):
     train_step(x, t)
     opt.step(); opt.zero_grad()
@@ -376,7 +376,8 @@ def test_a_training_step_compiled_whole_has_the_steps_phases():
     """``@torch.compile`` on a function that runs forward and ``backward()``: Dynamo runs no module
     hooks and calls ``backward()`` eagerly at a graph break, with the device mode off. The
     compiled forward had been phase "other" (its buffers "other", none an activation) and the
-    trace had no iterations at all."""
+    trace had no iterations at all. Compiled autograd on (as its tutorial does it) had stopped the
+    estimate: it cannot capture the tracer's fake tensors; it is off for the trace, and noted."""
     tr = trace(TRAIN_STEP, {}, mode="fake", device=H100)
     assert max(e.iteration for e in tr.events) == 2
     wrappers = tr.meta["compile"]["wrappers"]
@@ -394,6 +395,34 @@ def test_a_training_step_compiled_whole_has_the_steps_phases():
     # Dynamo breaks its graph at backward() only: not in the tracer's code that backward runs
     breaks = [n for n in tr.meta["notes"] if "graph break" in n]
     assert len(breaks) == 1 and "1 graph break," in breaks[0] and "backward" in breaks[0], breaks
+    assert any(n.startswith("torch._dynamo.config.compiled_autograd was on") for n in tr.meta["notes"])
+
+
+WHOLE_STEP = """
+import torch, torch.nn as nn
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+@torch.compile
+def step(x):
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()  # a graph of its own, on the loss alone
+for i in range(3):
+    step(torch.randn(32, 64, device="cuda"))
+"""
+
+
+def test_a_graph_after_the_optimizer_step_starts_no_step():
+    """The optimizer's step inside the compiled function too: the graph that detaches the loss
+    after it trains nothing, and had started a fourth iteration (each one a step late)."""
+    tr = trace(WHOLE_STEP, {}, mode="fake", device=H100)
+    starts = [e.iteration for e in tr.events if e.kind == "iteration"]
+    assert starts == [0, 1, 2]
+    for i in starts:  # each iteration: forward, backward, optimizer, in that order
+        phases = [e.phase for e in tr.events if e.kind == "phase" and e.iteration == i and e.phase != "other"]
+        assert phases == ["forward", "backward", "optimizer"], (i, phases)
 
 
 def test_a_library_that_wraps_torch_compile_and_copies_its_arguments_still_compiles():

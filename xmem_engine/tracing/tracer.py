@@ -516,11 +516,11 @@ class Tracer:
         self.classify_modules([module])
 
     def compiled_graph_starts(self, args: Iterable[Any]) -> None:
-        """A differentiable compiled graph (grad on, an input requiring it: AOTAutograd's rule) called
-        outside any forward starts one: ``@torch.compile`` on a function that calls the model runs
-        no module hooks."""
+        """A compiled graph that trains leaves (grad on, a leaf input requiring grad: parameters)
+        called outside any forward starts one: ``@torch.compile`` on a function that calls the
+        model runs no module hooks. (A graph on the loss alone, after the step, starts nothing.)"""
         if self.phase == Phase.OTHER and torch.is_grad_enabled() and any(
-                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                isinstance(a, torch.Tensor) and a.requires_grad and a.is_leaf for a in args):
             self._begin_forward()
 
     def _begin_forward(self) -> None:

@@ -72,12 +72,16 @@ COMPILE_MODES = ("inductor", "eager")
 ASKED_EAGER = "asked: --compile eager"
 PAD_MM_TIMING = "inductor.pad_mm_timing"  # the op name of pad_mm's timing allocations in the trace
 
+COMPILED_AUTOGRAD = "compiled_autograd"  # noted as a mode: torch.compile reads the config when called
 #: the torch.compile modes whose GPU behaviour is not modelled, and what the notes say of them
 UNMODELLED_MODES = {
     "max-autotune": ("max-autotune's benchmarked kernel choices are not modelled: Inductor's default kernels "
                      "(ATen matmuls) were assumed; a GPU may pick Triton templates, whose workspaces differ"),
     "max-autotune-no-cudagraphs": ("max-autotune's benchmarked kernel choices are not modelled: Inductor's default "
                                    "kernels (ATen matmuls) were assumed; a GPU may pick Triton templates"),
+    COMPILED_AUTOGRAD: ("torch._dynamo.config.compiled_autograd was on: compiled autograd's one graph of the whole "
+                        "backward is not modelled (it cannot capture xmem's fake tensors); backward ran as it does "
+                        "with it off (a compiled forward's backward as AOTAutograd's compiled graph)"),
 }
 
 
@@ -243,8 +247,11 @@ class CompiledCalls:
             inner = backend
         be = VirtualGPUBackend(self, inner, where, backend.name if isinstance(backend, VirtualGPUBackend) else
                                backend if isinstance(backend, str) else getattr(backend, "__name__", "a custom"))
-        compiled = self.real_compile(model, fullgraph=fullgraph, dynamic=dynamic, backend=be, disable=disable,
-                                     **kwargs)
+        if torch._dynamo.config.compiled_autograd:
+            self.record.modes.add(COMPILED_AUTOGRAD)
+        with torch._dynamo.config.patch(compiled_autograd=False):
+            compiled = self.real_compile(model, fullgraph=fullgraph, dynamic=dynamic, backend=be, disable=disable,
+                                         **kwargs)
         if isinstance(compiled, torch.nn.Module):  # OptimizedModule: its forward enters Dynamo
             compiled.forward = self.calls(compiled.forward, model, where)
             compiled.dynamo_ctx = MethodsCompiled(self, compiled.dynamo_ctx, where)
