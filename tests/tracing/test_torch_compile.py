@@ -378,7 +378,8 @@ def test_a_training_step_compiled_whole_has_the_steps_phases():
     compiled forward had been phase "other" (its buffers "other", none an activation) and the
     trace had no iterations at all. Compiled autograd on (as its tutorial does it) had stopped the
     estimate: it cannot capture the tracer's fake tensors; it is off for the trace, and noted."""
-    tr = trace(TRAIN_STEP, {}, mode="fake", device=H100)
+    with torch._dynamo.config.patch(compiled_autograd=False):  # the script turns it on: off after
+        tr = trace(TRAIN_STEP, {}, mode="fake", device=H100)
     assert max(e.iteration for e in tr.events) == 2
     wrappers = tr.meta["compile"]["wrappers"]
     forward = [p for p in wrappers if "tangents_" not in open(p).read()]
@@ -416,8 +417,10 @@ for i in range(3):
 
 def test_a_graph_after_the_optimizer_step_starts_no_step():
     """The optimizer's step inside the compiled function too: the graph that detaches the loss
-    after it trains nothing, and had started a fourth iteration (each one a step late)."""
-    tr = trace(WHOLE_STEP, {}, mode="fake", device=H100)
+    after it trains nothing, and had started a fourth iteration (each one a step late). Compiled
+    autograd left on by an earlier cell (the setting outlives it, as it does run for real)."""
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        tr = trace(WHOLE_STEP, {}, mode="fake", device=H100)
     starts = [e.iteration for e in tr.events if e.kind == "iteration"]
     assert starts == [0, 1, 2]
     for i in starts:  # each iteration: forward, backward, optimizer, in that order

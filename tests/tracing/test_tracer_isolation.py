@@ -7,8 +7,6 @@ import random
 import numpy as np
 import pytest
 import torch
-import torch._dynamo
-import torch._inductor.config
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -143,8 +141,7 @@ def _settings() -> tuple:
     return (torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.is_grad_enabled(),
             torch.get_default_device(), torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled(),
             torch.backends.cudnn.allow_tf32, m.allow_tf32, m.allow_fp16_reduced_precision_reduction,
-            m.allow_bf16_reduced_precision_reduction, str(torch._tensor_str.PRINT_OPTS.__dict__),
-            torch._dynamo.config.compiled_autograd, torch._inductor.config.max_autotune)
+            m.allow_bf16_reduced_precision_reduction, str(torch._tensor_str.PRINT_OPTS.__dict__))
 
 
 def test_global_settings_and_default_device_are_restored():
@@ -163,9 +160,6 @@ torch.set_default_device("cuda")
 w = torch.empty(10)                 # on the (virtual) GPU by default now, float64
 dev = str(w.device)
 torch.set_grad_enabled(False)
-import torch._dynamo, torch._inductor.config
-torch._dynamo.config.compiled_autograd = True   # torch.compile's settings, as tutorials set them
-torch._inductor.config.max_autotune = True
 """
     ns: dict = {}
     tr = trace(src, ns, mode="fake")

@@ -211,24 +211,6 @@ class UserState:
                     self.array_originals[id(arr)] = (arr, arr.copy())
 
 
-def _config_of(name: str) -> dict:
-    """A copy of one of torch's config modules (imported here: the tracer imports them anyway)."""
-    import importlib
-
-    return importlib.import_module(name).get_config_copy()
-
-
-def _load_config(name: str, saved: dict) -> None:
-    """The keys the code changed put back (each one set marks it set by the user: only those)."""
-    import importlib
-
-    mod = importlib.import_module(name)
-    now = mod.get_config_copy()
-    for key, value in saved.items():
-        if key in now and now[key] is not value and now[key] != value:
-            setattr(mod, key, value)
-
-
 _SDP = ("flash", "mem_efficient", "math", "cudnn")
 _PRINT = ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")
 _SETTINGS = (
@@ -264,9 +246,6 @@ _SETTINGS = (
      lambda v: [getattr(torch.backends.cuda, f"enable_{n}_sdp")(x) for n, x in zip(_SDP, v)]),
     ("cuda.sdp_priority_order", lambda: tuple(torch._C._get_sdp_priority_order()),
      lambda v: torch._C._set_sdp_priority_order(list(v))),
-    # torch.compile's settings (``torch._dynamo.config.compiled_autograd = True``, Inductor's options)
-    *((name, functools.partial(_config_of, name), functools.partial(_load_config, name))
-      for name in ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")),
 )
 
 
@@ -276,7 +255,7 @@ def _settings() -> dict:
     for name, get, _ in _SETTINGS:
         try:
             out[name] = get()
-        except (RuntimeError, AttributeError, ImportError, TypeError):  # a backend without the flag
+        except (RuntimeError, AttributeError):  # pragma: no cover - backend without the flag
             pass
     return out
 
@@ -292,7 +271,7 @@ def _restore_settings(saved: dict) -> None:
         if not same:
             try:
                 set_(saved[name])
-            except (RuntimeError, AttributeError, TypeError, ValueError):  # pragma: no cover
+            except (RuntimeError, AttributeError):  # pragma: no cover
                 pass
 
 
