@@ -982,3 +982,15 @@ def test_a_compiled_function_with_a_try_is_compiled():
         "step(torch.randn(64, 256, device='cuda')).backward()\n")
     tr = trace(code, {}, mode="fake")
     assert tr.meta["compile"]["graphs"] == 1
+
+
+def test_the_same_failure_of_several_graphs_is_said_once():
+    """A T4 skips each bf16 graph of a model (the Trainer's ``bf16=True, torch_compile=True`` on
+    GPT-2 with LoRA: four graphs): one note, with the count, not four of the same."""
+    from xmem_engine.tracing.compiler.torch_compile import CompileRecord
+
+    skipped = "torch.compile at accelerate/accelerator.py:2045: no bf16 here; that graph ran eagerly"
+    rec = CompileRecord(failures=[skipped] * 4 + ["torch.compile at s.py:3: it raised; that graph ran eagerly"])
+    assert rec.notes() == ["torch.compile at accelerate/accelerator.py:2045: no bf16 here; 4 such graphs ran eagerly",
+                           "torch.compile at s.py:3: it raised; that graph ran eagerly"]
+    assert rec.as_json()["failures"] == 5

@@ -38,6 +38,7 @@ runs eagerly, and the notes say why.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import gc
@@ -70,6 +71,7 @@ from xmem_engine.tracing.patches import eager_compiled, patched_attr, patched_it
 COMPILE_MODES = ("inductor", "eager")
 #: why compiled code ran eagerly when the user asked for it (``CompileRecord.eager``)
 ASKED_EAGER = "asked: --compile eager"
+EAGER_GRAPH = "that graph ran eagerly"  # a graph the backend failed to compile (CompileRecord.failures)
 PAD_MM_TIMING = "inductor.pad_mm_timing"  # the op name of pad_mm's timing allocations in the trace
 
 COMPILED_AUTOGRAD = "compiled_autograd"  # noted as a mode: torch.compile reads the config when called
@@ -187,7 +189,9 @@ class CompileRecord:
         if skipped:
             out.append(f"torch.compile at {', '.join(skipped)}: Dynamo compiled no graph (this torch skips the "
                        "compiled code, e.g. torch's own nn modules before 2.11); it ran eagerly, as on the GPU")
-        out += self.failures + self.cuda_graphs.notes(sorted(self.modes & {"reduce-overhead", "max-autotune"}))
+        counts = collections.Counter(self.failures)  # the same failure for each graph of a model: said once
+        out += [f if n == 1 else f.replace(EAGER_GRAPH, f"{n} such graphs ran eagerly") for f, n in counts.items()]
+        out += self.cuda_graphs.notes(sorted(self.modes & {"reduce-overhead", "max-autotune"}))
         out += [UNMODELLED_MODES[m] for m in sorted(self.modes) if m in UNMODELLED_MODES]
         return out
 
@@ -502,7 +506,7 @@ class VirtualGPUBackend:
             why = ("Inductor does not compile bf16 graphs for this GPU (no native bf16: on the GPU it skips them "
                    "too, warning '... does not support bfloat16 compilation natively, skipping')" if no_bf16
                    else f"compiling for the target GPU failed ({_said(e)})")
-            rec.failures.append(f"torch.compile at {self.where}: {why}; that graph ran eagerly")
+            rec.failures.append(f"torch.compile at {self.where}: {why}; {EAGER_GRAPH}")
             return self.calls.runtime(gm.forward)
         rec.graphs += 1
         rec.backends.add(self.name)
