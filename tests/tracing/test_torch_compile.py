@@ -428,6 +428,20 @@ def test_a_graph_after_the_optimizer_step_starts_no_step():
         assert phases == ["forward", "backward", "optimizer"], (i, phases)
 
 
+def test_the_graph_breaks_named_are_the_traces_own():
+    """Dynamo counts breaks by reason for the whole process: a reason an earlier trace had met was
+    counted again, not added last, and the note named the earlier trace's last reason instead
+    ("Attempted to inline function marked as skipped" for the step with no optimizer in it)."""
+    with torch._dynamo.config.patch(compiled_autograd=False):
+        first = trace(WHOLE_STEP, {}, mode="fake", device=H100)
+        second = trace(TRAIN_STEP, {}, mode="fake", device=H100)
+    breaks = [n for n in first.meta["notes"] if "graph break" in n]
+    assert len(breaks) == 1 and "2 graph breaks" in breaks[0] and "`Optimizer.zero_grad`" in breaks[0], breaks
+    breaks = [n for n in second.meta["notes"] if "graph break" in n]
+    assert breaks == ["torch.compile: 1 graph break, the code between graphs ran eagerly: "
+                      "Unsupported Tensor.backward() call"], breaks
+
+
 def test_a_library_that_wraps_torch_compile_and_copies_its_arguments_still_compiles():
     """Lightning replaces ``torch.compile`` at import with a wrapper that deep-copies each call's
     arguments onto the module (``lightning/fabric/wrappers.py``, ``_capture_compile_kwargs``) and

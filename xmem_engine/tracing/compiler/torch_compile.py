@@ -367,9 +367,7 @@ class CompiledCalls:
                 raise
             if where not in self.record.where and where not in self.record.skipped:
                 self.record.skipped.append(where)
-            new = _graph_breaks() - breaks
-            if new:
-                self.record.graph_breaks += _break_reasons(new)
+            self.record.graph_breaks += _new_breaks(breaks)
             return out
 
         call.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -622,14 +620,23 @@ def _flag(obj: Any, name: str, value: bool = True) -> Iterator[None]:
         setattr(obj, name, old)
 
 
-def _graph_breaks() -> int:
+def _graph_breaks() -> dict[str, int]:
+    """Dynamo's graph breaks so far in this process, by reason: the user's (not the tracer's hooks)."""
     from torch._dynamo.utils import counters
 
-    return sum(v for k, v in counters["graph_break"].items() if HOOK_BREAK not in str(k))  # the user's breaks
+    return {str(k): v for k, v in counters["graph_break"].items() if HOOK_BREAK not in str(k)}
 
 
-def _break_reasons(n: int) -> list[str]:
-    from torch._dynamo.utils import counters
-
-    reasons = [k for k in counters["graph_break"] if HOOK_BREAK not in str(k)][-n:]
-    return [str(r).splitlines()[0][:160] for r in reasons] or [f"{n} break(s)"]
+def _new_breaks(before: dict[str, int]) -> list[str]:
+    """The breaks since ``before``, one line each: the reason's first line, and the function it
+    names where that line is generic. (A reason seen in an earlier trace is counted again, not
+    added: taking the counter's last keys had named an earlier trace's reason.)"""
+    out = []
+    for reason, n in _graph_breaks().items():
+        if n > before.get(reason, 0):
+            first = reason.splitlines()[0][:160]
+            named = re.search(r"Explanation:.*?`([\w.<>]+)`", reason)
+            if named and named.group(1) not in first:
+                first += f" (`{named.group(1)}`)"
+            out += [first] * (n - before.get(reason, 0))
+    return out
