@@ -13,8 +13,8 @@ Autograd's saved-tensor hooks tell which storages are saved for backward (``acti
 parameters, buffers, gradients and optimizer state are recognised from the modules and
 optimizers the code uses, and a storage's category only moves up (``_RANK``), so the last
 word is the most specific one. ``forward`` starts at the forward pre-hook of a top-level
-module (one called while no other module runs), or at a differentiable compiled graph run
-outside one, and lasts until a backward starts; ``backward`` lasts while autograd's engine
+module (one called while no other module runs), or at a compiled graph that trains
+parameters run outside one, and lasts until a backward starts; ``backward`` lasts while autograd's engine
 runs; ``optimizer`` while ``Optimizer.step`` runs, except inside the closure passed to it
 (LBFGS, Lightning's automatic optimization), whose forward and backward are phases as they
 are outside; everything else is ``other``. Iteration 0 starts at the first forward; a new

@@ -214,11 +214,10 @@ def dynamo_skips_the_tracer() -> None:
     codes += [c for c in device_mode.fake_device_property.__code__.co_consts if getattr(c, "co_name", "") == "device"]
     codes += [c for f in (virtual_cuda.autocast_methods, CudaAutocastPolicy.kernel)  # (their nested functions)
               for c in f.__code__.co_consts if isinstance(c, types.CodeType)]
-    for code in codes:
-        set_code_exec_strategy(code, skip)
     # autograd's engine as the tracer wraps it, where a function compiled whole calls ``backward()``
     # at a graph break: the wrapper and its bookkeeping are skipped, the engine's frames Dynamo's to decide
-    for code in (device_mode.DeviceMode.on_stack.__code__, Tracer.backward_phase.__wrapped__.__code__):
+    codes += [device_mode.DeviceMode.on_stack.__code__, Tracer.backward_phase.__wrapped__.__code__]
+    for code in codes:
         set_code_exec_strategy(code, skip)
     for c in device_mode.DeviceMode.in_backward_engine.__code__.co_consts:
         if getattr(c, "co_name", "") == "run":
