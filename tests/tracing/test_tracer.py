@@ -957,3 +957,45 @@ same = bool((a == b).all()) if REAL else True
     tr = trace(src, ns, mode=mode)
     assert ns["checks"] == [True] * 6 and ns["same"]  # one seed, one stream of numbers
     assert [e.bytes for e in allocs(tr)][:2] == [4 * 8 * 4] * 2  # (then a == b, in real mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_frozen_teacher_called_inside_the_students_forward_holds_parameters(mode):
+    """TRL's distillation (and DDP-friendly trainers) run the whole loss as the student's forward
+    (``_forward_redirection``), so the teacher, a model of its own held by the trainer, is first
+    called inside another model's forward: its weights are still parameters, named by its modules."""
+    src = """
+import torch, torch.nn as nn, torch.nn.functional as F
+
+class Distiller:
+    def __init__(self):
+        self.teacher = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 128)).cuda().eval()
+        self.teacher.requires_grad_(False)
+        self.student = nn.Sequential(nn.Linear(256, 128)).cuda()
+        self.opt = torch.optim.SGD(self.student.parameters(), lr=0.1)
+
+    def loss(self, x):
+        with torch.no_grad():
+            target = self.teacher(x)
+        return F.mse_loss(self.student[0](x), target)
+
+    def step(self, x):
+        original = self.student.forward
+        def redirected(*args):  # the loss runs as the student's forward
+            self.student.forward = original
+            return self.loss(*args)
+        self.student.forward = redirected
+        self.student(x).backward()
+        self.opt.step()
+        self.opt.zero_grad()
+
+trainer = Distiller()
+for _ in range(2):
+    trainer.step(torch.randn(32, 256, device="cuda"))
+"""
+    tr = trace(src, {}, mode=mode)
+    teacher_bytes = (256 * 512 + 512 + 512 * 128 + 128) * 4
+    student_bytes = (256 * 128 + 128) * 4
+    assert sum(e.bytes for e in allocs(tr, category="parameter")) == teacher_bytes + student_bytes
+    assert {e.module for e in allocs(tr, category="parameter") if tuple(e.shape) == (128, 512)} == {"2"}
+    assert [e.iteration for e in tr.events if e.kind == "iteration"] == [0, 1]

@@ -57,18 +57,9 @@ _NO_SEQUENCE_NR = 2**63  # AccumulateGrad and other nodes outside the forward's 
 
 # Category precedence: a storage's category only moves up (a parameter stays a parameter
 # even when it is also saved for backward).
-_RANK = {
-    Category.OTHER: 0,
-    Category.TEMPORARY: 1,
-    Category.ACTIVATION: 2,
-    Category.WORKSPACE: 3,
-    Category.INPUT: 3,
-    Category.COMMUNICATION: 4,  # a DDP bucket whose views are the gradients is a gradient
-    Category.GRADIENT: 5,
-    Category.OPTIMIZER_STATE: 5,
-    Category.PARAMETER: 6,
-    Category.BUFFER: 6,
-}
+_RANK = {Category.OTHER: 0, Category.TEMPORARY: 1, Category.ACTIVATION: 2, Category.WORKSPACE: 3, Category.INPUT: 3,
+         Category.COMMUNICATION: 4,  # a DDP bucket whose views are the gradients is a gradient
+         Category.GRADIENT: 5, Category.OPTIMIZER_STATE: 5, Category.PARAMETER: 6, Category.BUFFER: 6}
 
 
 @dataclass(slots=True)
@@ -484,6 +475,11 @@ class Tracer:
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         if not self._module_stack and not self._backward_depth and self.phase != Phase.OPTIMIZER:
             self._root_forward(module)
+        elif module not in self._names and next(module.parameters(), None) is not None:
+            # a model of its own first called inside another's forward (a teacher in TRL's distillation,
+            # whose loss runs as the student's forward): its weights are parameters, its modules named
+            self._add_root(module)
+            self.classify_modules([module])
         name = self._names.get(module)
         self._module_stack.append(name if name is not None else type(module).__name__)
         self._mark_module_seq()
@@ -506,14 +502,17 @@ class Tracer:
 
     def _root_forward(self, module: torch.nn.Module) -> None:
         if module not in self._names:
-            label = self._root_labels.get(module, type(module).__name__)
-            for name, m in module.named_modules():
-                if m not in self._names:
-                    self._names[m] = name or label
-                    self.module_types.setdefault(name or label, type(m).__name__)
-            self._roots.add(module)
+            self._add_root(module)
         self._begin_forward()
         self.classify_modules([module])
+
+    def _add_root(self, module: torch.nn.Module) -> None:
+        label = self._root_labels.get(module, type(module).__name__)
+        for name, m in module.named_modules():
+            if m not in self._names:
+                self._names[m] = name or label
+                self.module_types.setdefault(name or label, type(m).__name__)
+        self._roots.add(module)
 
     def compiled_graph_starts(self, args: Iterable[Any]) -> None:
         """A compiled graph that trains leaves (grad on, a leaf input requiring grad: parameters)
