@@ -328,8 +328,8 @@ def call_form(tr: Any, snap: Snapshot, args: tuple, kwargs: dict, out: Any) -> t
     for path, t in tensors.items():
         r = tr.live.get(storage_key(t))
         if r is not None and r.event is not None and r.event.id in made:
-            if r.event.id in kept or t.storage_offset() != 0:
-                raise NotReplayable(f"keeps a view at {path}")
+            if r.event.id in kept:  # (a view at an offset is kept: a full sliding window's last tokens)
+                raise NotReplayable(f"keeps two views of one storage at {path}")
             kept[r.event.id] = (path, t)
     recipe = _output_recipe(tr, out, args, kwargs, set(made) - set(kept),
                             {id(t): path for path, t in tensors.items()})
@@ -343,7 +343,7 @@ def call_form(tr: Any, snap: Snapshot, args: tuple, kwargs: dict, out: Any) -> t
         if event_id in kept:
             path, t = kept[event_id]
             rows[row][-1] = ("state", path, tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch."),
-                             str(t.device))
+                             str(t.device), t.storage_offset())
         elif event_id in returned:
             rows[row][-1] = ("out", returned[event_id])
         else:
@@ -378,9 +378,9 @@ def extent(shape: tuple, stride: tuple) -> int:
 
 
 def _fits(nbytes: int, t: torch.Tensor) -> bool:
-    """Whether ``t`` can be made again as a view at offset 0 of a storage of ``nbytes``."""
+    """Whether ``t`` can be made again as a view at its offset of a storage of ``nbytes``."""
     size = t.element_size()
-    return nbytes % size == 0 and extent(tuple(t.shape), tuple(t.stride())) * size <= nbytes
+    return nbytes % size == 0 and (t.storage_offset() + extent(tuple(t.shape), tuple(t.stride()))) * size <= nbytes
 
 
 def tensor_meta(path: Path, t: torch.Tensor) -> tuple:

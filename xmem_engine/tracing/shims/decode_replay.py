@@ -295,8 +295,9 @@ class DecodeReplay:
                 if role[0] == "local":
                     allocs[i] = tr.add_event(ev)
                 else:
-                    _, key, t_shape, t_stride, t_dtype, device = role if role[0] == "state" else made_by_key[role[1]]
-                    new[(role[0], key)] = self._tensor(ev, t_shape, t_stride, t_dtype, device)
+                    _, key, t_shape, t_stride, t_dtype, device, *offset = role if role[0] == "state" \
+                        else made_by_key[role[1]]
+                    new[(role[0], key)] = self._tensor(ev, t_shape, t_stride, t_dtype, device, *offset)
             elif kind == "F":
                 _, ref, module, phase, iteration = row
                 if ref[0] == "local":
@@ -343,16 +344,18 @@ class DecodeReplay:
         would keep the model's tensors alive until then)."""
         self.forward = self.__wrapped__ = None  # type: ignore[assignment]
 
-    def _tensor(self, ev: TraceEvent, shape: tuple, stride: tuple, dtype: str, device: str) -> torch.Tensor:
+    def _tensor(self, ev: TraceEvent, shape: tuple, stride: tuple, dtype: str, device: str,
+                offset: int = 0) -> torch.Tensor:
         """An empty tensor the step would keep, allocated through the tracer (its event then
         says what the step's said): a storage of the step's bytes, viewed as the tensor it
-        kept (Inductor returns the logits as a view of a padded buffer)."""
+        kept (Inductor returns the logits as a view of a padded buffer; a full sliding window
+        keeps its last tokens, a view at an offset)."""
         torch_dtype = getattr(torch, dtype)
-        if extent(shape, stride) * torch_dtype.itemsize == ev.bytes:  # the usual case: the tensor is its storage
+        if not offset and extent(shape, stride) * torch_dtype.itemsize == ev.bytes:  # the tensor is its storage
             t = torch.empty_strided(shape, stride, dtype=torch_dtype, device=device)
         else:
             base = torch.empty_strided((ev.bytes // torch_dtype.itemsize,), (1,), dtype=torch_dtype, device=device)
-            t = base.as_strided(shape, stride, 0)
+            t = base.as_strided(shape, stride, offset)
             del base
         rec = self.tr.live.get(storage_key(t))
         if rec is None or rec.event is None or rec.event.bytes != ev.bytes:
