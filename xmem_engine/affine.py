@@ -85,6 +85,47 @@ def evaluate(t: Any, k: int) -> Any:
     return t
 
 
+def rebase(t: Any, c: int, scale: int) -> Any:
+    """The template whose ``k``-th value is ``t``'s at ``c + scale * k`` (one line of a
+    template, read at every ``scale``-th step from step ``c``)."""
+    if isinstance(t, Linear):
+        return Linear(t.at_b0 + t.slope * c, t.slope * scale)
+    if isinstance(t, Text):
+        return Text([p if isinstance(p, str) else rebase(p, c, scale) for p in t.parts])
+    if isinstance(t, (list, tuple)):
+        return type(t)(rebase(x, c, scale) for x in t)
+    if isinstance(t, dict):
+        return {key: rebase(v, c, scale) for key, v in t.items()}
+    return t
+
+
+def moved(f: Any, a: Any, b: Any, path: str = "value") -> Any:
+    """``f`` moved on by what differs from ``a`` to ``b`` (each integer of ``f``, alone or in a
+    string, plus ``b``'s minus ``a``'s at its place): the next sample of ``f``'s line where lines
+    share their steps. :class:`NotAffine` where ``f`` is not of ``a``'s structure."""
+    if type(f) is not type(a) or type(a) is not type(b):
+        raise NotAffine(f"{path}: {type(f).__name__} vs {type(a).__name__}")
+    if type(f) is int:
+        return f + (b - a)
+    if isinstance(f, str):
+        pf, pa, pb = _NUMBER.split(f), _NUMBER.split(a), _NUMBER.split(b)
+        if not len(pf) == len(pa) == len(pb) or pf[::2] != pa[::2] or pa[::2] != pb[::2]:
+            raise NotAffine(f"{path}: {f[:60]!r} vs {a[:60]!r}")
+        out = "".join(x if i % 2 == 0 else str(int(x) + int(y) - int(z)) for i, (x, y, z) in enumerate(zip(pf, pb, pa)))
+        return f if out == f else out  # (an enum's word stays the enum)
+    if isinstance(f, (list, tuple)):
+        if not len(f) == len(a) == len(b):
+            raise NotAffine(f"{path}: {len(f)} vs {len(a)} items")
+        return type(f)(moved(x, y, z, f"{path}[{i}]") for i, (x, y, z) in enumerate(zip(f, a, b)))
+    if isinstance(f, dict):
+        if not f.keys() == a.keys() == b.keys():
+            raise NotAffine(f"{path}: keys differ")
+        return {k: moved(f[k], a[k], b[k], f"{path}.{k}") for k in f}
+    if a != b or f != a:
+        raise NotAffine(f"{path}: {f!r} vs {a!r}")
+    return f
+
+
 def varies(t: Any) -> bool:
     """Whether the template holds a fitted value (else it is the same at every ``k``)."""
     if isinstance(t, (Linear, Text)):

@@ -126,6 +126,32 @@ with torch.no_grad():
     assert not any("did not match" in n for n in made.meta["notes"])
 
 
+def test_a_step_off_the_line_every_16th_token_leaves_the_others_made(monkeypatch):
+    """In fp32 with a padded batch, SDPA's memory-efficient kernel takes the mask as a bias
+    padded to a multiple of 16 tokens: at every 16th length no pad is needed and the step is
+    off the line. No 18 calls in a row were then on one line, and sixteen lines took 48 real
+    calls: TRL's GRPO (64-token completions) made none of its 128 calls. The other residues are
+    made from the one line; the 16th runs until two of its calls give it a line of its own."""
+    src = """
+import torch
+from transformers import LlamaConfig, AutoModelForCausalLM
+cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=384)
+model = AutoModelForCausalLM.from_config(cfg).cuda().eval()
+ids = torch.randint(3, 384, (4, 10), device="cuda")
+mask = torch.ones_like(ids)
+mask[:2, :3] = 0  # left padding
+with torch.no_grad():
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=64, min_new_tokens=0, pad_token_id=0,
+                         eos_token_id=2, do_sample=False)
+"""
+    made, real = _both(monkeypatch, src)
+    _assert_same(made, real)
+    assert any(e.op == "aten.constant_pad_nd.default" for e in real.events)  # the padded bias
+    assert _made(made) >= 30 and _made(real) == 0
+    assert not any("did not match" in n for n in made.meta["notes"])
+
+
 def test_encoder_decoder(monkeypatch):
     src = """
 import torch

@@ -40,12 +40,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.affine import NotAffine, OutOfRange, evaluate, fit, varies
+from xmem_engine.affine import NotAffine, OutOfRange, evaluate, fit, moved, rebase, varies
 from xmem_engine.trace import ALLOC, FREE, TraceEvent
 from xmem_engine.tracing.shims.decode_forms import (VALUE, NotReplayable, call_form, extent, get, numbers_of, put,
                                                     recipe_leaves, signature, snapshot, state, tensor_meta)
@@ -112,13 +112,19 @@ def _views_fit(recipe: tuple, args: tuple, kwargs: dict) -> bool:
 
 
 # ---------------------------------------------------------------------------- the wrapper
+class _Unknown(OutOfRange):
+    """A call whose residue has no line yet (too few of its calls seen): it runs for real."""
+
+
 @dataclass
 class _Family:
     """Calls as lines in their number: one template per residue of the call's number modulo
     ``period`` (a size padded to a multiple of 16 changes the step at every 16th token:
-    sixteen lines, each through every 16th call)."""
+    sixteen lines, each through every 16th call). A residue with no line yet (``None``: a
+    step of a structure no other residue has) runs for real until three of its calls give it
+    one (:meth:`learn`)."""
 
-    templates: list  # per residue: a call's form with its sizes as lines
+    templates: list  # per residue: a call's form with its sizes as lines (None: not yet known)
     varies: list  # per residue, per row: whether it holds a fitted value
     period: int
     first: int  # the number of the first call it was fitted on
@@ -126,10 +132,14 @@ class _Family:
     next_check: int
     checks: int = 0
     made: int = 0  # calls made since the last real one that matched
+    pending: dict = field(default_factory=dict)  # residue with no line -> its real calls [(n, form)]
 
     def at(self, n: int) -> tuple[tuple, int]:
         """The template for call ``n`` and where on its line ``n`` is."""
-        return self.templates[(n - self.first) % self.period], (n - self.first) // self.period
+        r = (n - self.first) % self.period
+        if self.templates[r] is None:
+            raise _Unknown
+        return self.templates[r], (n - self.first) // self.period
 
     def part(self, n: int, i: int) -> Any:
         template, k = self.at(n)
@@ -143,6 +153,25 @@ class _Family:
     def form(self, n: int) -> tuple:
         template, k = self.at(n)
         return evaluate(template, k)
+
+    def learn(self, n: int, form: tuple) -> None:
+        """A real call of a residue not yet known: its line once three such calls are on one
+        (fitted on two, held by the third, as every line is)."""
+        r = (n - self.first) % self.period
+        calls = self.pending.setdefault(r, [])
+        calls.append((n, form))
+        if len(calls) < 3:
+            return
+        (a, fa), (b, fb), (c, fc) = calls[-3:]
+        try:
+            line = fit(fa, fb, (b - a) // self.period, "call")
+            if not _on(line, (c - a) // self.period, fc):
+                return
+        except NotAffine:
+            return
+        template = rebase(line, -((a - self.first) // self.period), 1)
+        self.templates[r], self.varies[r] = template, [varies(row) for row in template[0]]
+        del self.pending[r]
 
 
 def _family(recent: list[tuple[int, tuple]], period: int) -> _Family | None:
@@ -165,6 +194,61 @@ def _family(recent: list[tuple[int, tuple]], period: int) -> _Family | None:
     n0, last = recent[0][0], recent[-1][0]
     return _Family(templates, [[varies(row) for row in t[0]] for t in templates], period, n0, last,
                    last + CHECKS[0] + 1)
+
+
+def _on(template: Any, k: int, form: tuple) -> bool:
+    try:
+        return evaluate(template, k) == form
+    except OutOfRange:
+        return False
+
+
+def _family_in_one_period(recent: list[tuple[int, tuple]], period: int = 16) -> _Family | None:
+    """``period`` lines from a period and two calls (``FIT_CALLS``) rather than three periods: a
+    residue seen twice is fitted on its own calls; one seen once takes the steps of a fitted
+    line whose calls have its structure (sizes linear in the call's number, or padded to a
+    multiple of 8 or 16, move by the same amount every 16 calls, whatever the residue); one of a
+    structure no line has runs for real until it has a line of its own (:meth:`_Family.learn`).
+    Real calls at intervals check every line made so."""
+    n0 = recent[0][0]
+    by_residue: dict[int, list] = {}
+    for n, f in recent:
+        by_residue.setdefault((n - n0) % period, []).append((n, f))
+    if len(by_residue) < period:
+        return None
+    own = {}
+    for r, calls in by_residue.items():
+        if len(calls) >= 2:
+            (a, fa), (b, fb) = calls[:2]
+            try:
+                line = fit(fa, fb, (b - a) // period, "call")
+            except NotAffine:
+                return None
+            if not all(_on(line, (c - a) // period, fc) for c, fc in calls[2:]):
+                return None
+            own[r] = rebase(line, -((a - n0) // period), 1)
+    if not own:
+        return None
+    templates: list = [own.get(r) for r in range(period)]
+    for r in range(period):
+        if templates[r] is not None:
+            continue
+        n, f = by_residue[r][0]
+        k = (n - n0) // period
+        for line in own.values():
+            try:
+                templates[r] = rebase(fit(f, moved(f, evaluate(line, k), evaluate(line, k + 1)), 1, "call"), -k, 1)
+                break
+            except (NotAffine, OutOfRange):
+                continue
+    last = recent[-1][0]
+    fam = _Family(templates, [None if t is None else [varies(row) for row in t[0]] for t in templates], period,
+                  n0, last, last + CHECKS[0] + 1)
+    for r in range(period):
+        if templates[r] is None:
+            for n, f in by_residue[r]:
+                fam.learn(n, f)
+    return fam
 
 
 class DecodeReplay:
@@ -227,6 +311,8 @@ class DecodeReplay:
             if n < self.next_fit.get(period, 0):
                 continue
             fam = _family(self.recent[-size:], period)
+            if fam is None and period == 1:
+                fam = _family_in_one_period(self.recent[-size:])
             if fam is not None:
                 self.family = fam
                 return
@@ -235,9 +321,14 @@ class DecodeReplay:
 
     def _check(self, fam: _Family, n: int, form: tuple | None) -> None:
         """A real call while a family holds: it must be the family's (None: a call that
-        cannot be made from a form at all)."""
+        cannot be made from a form at all), or it teaches the family a residue not yet known."""
         try:
             expected = fam.form(n)
+        except _Unknown:
+            if form is not None:
+                fam.learn(n, form)
+                return
+            expected = None
         except OutOfRange:
             expected = None
         if expected == form:
