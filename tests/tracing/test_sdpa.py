@@ -250,6 +250,30 @@ out.float().sum().backward()
     assert [e.dtype for e in fwd] == ["float16", "float32"]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_inputs_autocast_makes_one_dtype_take_the_gpus_backend(mode):
+    """Hugging Face's rotary embedding turns q and k to float32 (cos and sin are float32) while
+    v stays the linear's bfloat16: under autocast SDPA casts all three (and a mask) first, so
+    the call is valid on a GPU. The inputs' own dtypes were checked instead, and the call went
+    to PyTorch's CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``): every
+    fp32-weights + bf16-autocast decoder (the ``Trainer``'s ``bf16=True``) with a padding mask."""
+    src = """
+import torch, torch.nn.functional as F
+q = torch.randn(2, 4, 50, 64, device="cuda", requires_grad=True)
+v = torch.randn(2, 4, 50, 64, device="cuda", dtype=VDT, requires_grad=True)
+mask = torch.ones(2, 1, 50, 50, device="cuda", dtype=torch.bool)
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    out = F.scaled_dot_product_attention(q, q, v, attn_mask=mask)
+out.float().sum().backward()
+"""
+    traces = [trace(src.replace("VDT", dt), {}, mode=mode, device=device(SM["A100"]))
+              for dt in ("torch.float32", "torch.bfloat16")]
+    for tr in traces:
+        assert tr.meta.get("sdpa_calls") == 1
+        assert [e.dtype for e in allocs(tr, op="aten._efficient_attention_forward")] == ["bfloat16", "float32"]
+        assert not [e for e in tr.events if "for_cpu" in (e.op or "")]
+
+
 def test_the_target_gpus_architecture_decides():
     src = BLOCK.format(b=2, h=3, l=64, d=64, dtype="torch.float16", p=0.0)
     ops = {}

@@ -1042,9 +1042,14 @@ def _valid(b: dict[str, Any]) -> bool:
         return False
     if q.is_nested or k.is_nested or v.is_nested or q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
         return False
-    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+    low = _autocast_dtype()  # the dtypes after autocast's cast: rotary embeddings leave q, k float32, v half
+
+    def dtype(t: torch.Tensor) -> torch.dtype:
+        return low if low is not None and t.is_floating_point() and t.dtype != torch.float64 else t.dtype
+
+    if not (dtype(q) == dtype(k) == dtype(v)) or not q.is_floating_point():
         return False
-    if m is not None and (m.dtype not in (torch.bool, q.dtype) or b["is_causal"]):
+    if m is not None and (dtype(m) not in (torch.bool, dtype(q)) or b["is_causal"]):
         return False
     return isinstance(b["dropout_p"], (int, float)) and isinstance(b["is_causal"], bool)
 
