@@ -99,31 +99,41 @@ def rebase(t: Any, c: int, scale: int) -> Any:
     return t
 
 
-def moved(f: Any, a: Any, b: Any, path: str = "value") -> Any:
-    """``f`` moved on by what differs from ``a`` to ``b`` (each integer of ``f``, alone or in a
-    string, plus ``b``'s minus ``a``'s at its place): the next sample of ``f``'s line where lines
-    share their steps. :class:`NotAffine` where ``f`` is not of ``a``'s structure."""
-    if type(f) is not type(a) or type(a) is not type(b):
-        raise NotAffine(f"{path}: {type(f).__name__} vs {type(a).__name__}")
-    if type(f) is int:
-        return f + (b - a)
-    if isinstance(f, str):
-        pf, pa, pb = _NUMBER.split(f), _NUMBER.split(a), _NUMBER.split(b)
-        if not len(pf) == len(pa) == len(pb) or pf[::2] != pa[::2] or pa[::2] != pb[::2]:
-            raise NotAffine(f"{path}: {f[:60]!r} vs {a[:60]!r}")
-        out = "".join(x if i % 2 == 0 else str(int(x) + int(y) - int(z)) for i, (x, y, z) in enumerate(zip(pf, pb, pa)))
-        return f if out == f else out  # (an enum's word stays the enum)
-    if isinstance(f, (list, tuple)):
-        if not len(f) == len(a) == len(b):
-            raise NotAffine(f"{path}: {len(f)} vs {len(a)} items")
-        return type(f)(moved(x, y, z, f"{path}[{i}]") for i, (x, y, z) in enumerate(zip(f, a, b)))
-    if isinstance(f, dict):
-        if not f.keys() == a.keys() == b.keys():
+def anchored(t: Any, f: Any, k: int, path: str = "value") -> Any:
+    """The template with ``t``'s slopes whose value at step ``k`` is ``f`` (a sample of ``t``'s
+    structure; its integers, alone or in a string, may differ from ``t``'s): the line of a
+    sample seen once, where lines share their steps. :class:`NotAffine` where ``f`` is not of
+    ``t``'s structure. A part equal to ``t``'s is ``t``'s own (no line in it)."""
+    if f == t:
+        return t
+    if isinstance(t, Linear):
+        if type(f) is not int:
+            raise NotAffine(f"{path}: {type(f).__name__} for a line")
+        return Linear(f - t.slope * k, t.slope)
+    if isinstance(t, (Text, str)):
+        if not isinstance(f, str) or (isinstance(t, str) and type(f) is not type(t)):
+            raise NotAffine(f"{path}: {type(f).__name__} vs a string")
+        parts = t.parts if isinstance(t, Text) else _NUMBER.split(t)
+        pf = _NUMBER.split(f)
+        if len(pf) != len(parts) or any(isinstance(p, str) and p != x for p, x in zip(parts[::2], pf[::2])):
+            raise NotAffine(f"{path}: {f[:60]!r}")
+        if isinstance(t, str):
+            return f
+        return Text([x if i % 2 == 0 else anchored(p if isinstance(p, Linear) else int(p), int(x), k, path)
+                     for i, (p, x) in enumerate(zip(parts, pf))])
+    if type(t) is not type(f):
+        raise NotAffine(f"{path}: {type(f).__name__} vs {type(t).__name__}")
+    if type(t) is int:
+        return f
+    if isinstance(t, (list, tuple)):
+        if len(t) != len(f):
+            raise NotAffine(f"{path}: {len(f)} vs {len(t)} items")
+        return type(t)(anchored(x, y, k, f"{path}[{i}]") for i, (x, y) in enumerate(zip(t, f)))
+    if isinstance(t, dict):
+        if t.keys() != f.keys():
             raise NotAffine(f"{path}: keys differ")
-        return {k: moved(f[k], a[k], b[k], f"{path}.{k}") for k in f}
-    if a != b or f != a:
-        raise NotAffine(f"{path}: {f!r} vs {a!r}")
-    return f
+        return {key: anchored(t[key], f[key], k, f"{path}.{key}") for key in t}
+    raise NotAffine(f"{path}: {f!r} vs {t!r}")
 
 
 def varies(t: Any) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from xmem_engine.affine import NotAffine, evaluate, fit, moved, rebase
+from xmem_engine.affine import NotAffine, anchored, evaluate, fit, rebase
 from xmem_engine.trace import Category
 
 
@@ -25,19 +25,22 @@ def test_rebase_reads_a_line_at_every_scale_th_step():
     assert [evaluate(every16, k) for k in range(3)] == [evaluate(line, 3 + 16 * k) for k in range(3)]
 
 
-def test_moved_gives_the_next_sample_of_a_line_with_anothers_steps():
+def test_a_sample_seen_once_takes_the_steps_of_another_line():
     """A residue seen once takes the steps of another residue's line: sizes linear in the
     length and sizes padded to 16 both move by the same amount every 16 lengths."""
     other = fit(_step(17), _step(33), 1, "call")  # residue 1's line, a period a step
-    nxt = moved(_step(24), evaluate(other, 0), evaluate(other, 1))
-    assert nxt == _step(40)
-    line = fit(_step(24), nxt, 1, "call")
+    line = anchored(other, _step(24), 0)
     assert [evaluate(line, k) for k in range(4)] == [_step(24 + 16 * k) for k in range(4)]
+    assert line[2] is other[2]  # what does not move is the line's own
+    later = anchored(other, _step(40), 1)  # seen at the line's second step
+    assert [evaluate(later, k) for k in range(1, 4)] == [_step(24 + 16 * k) for k in range(1, 4)]
 
 
-def test_moved_refuses_a_sample_of_another_structure():
-    a, b = _step(17), _step(33)
+def test_a_sample_of_another_structure_takes_no_line():
+    line = fit(_step(17), _step(33), 1, "call")
     with pytest.raises(NotAffine):
-        moved(_step(24)[:2], a, b)  # a step with a row fewer
+        anchored(line, _step(24)[:2], 0)  # a step with a row fewer
     with pytest.raises(NotAffine):
-        moved((_step(24)[0], _step(24)[1], "norm.0"), a, b)  # a name that is not a's
+        anchored(line, (_step(24)[0], _step(24)[1], "norm.0"), 0)  # a name that is not the line's
+    with pytest.raises(NotAffine):
+        anchored(line, ((*_step(24)[0][:3], Category.ACTIVATION), _step(24)[1], "layers.0"), 0)

@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.affine import NotAffine, OutOfRange, evaluate, fit, moved, rebase, varies
+from xmem_engine.affine import NotAffine, OutOfRange, anchored, evaluate, fit, rebase, varies
 from xmem_engine.trace import ALLOC, FREE, TraceEvent
 from xmem_engine.tracing.shims.decode_forms import (VALUE, NotReplayable, call_form, extent, get, numbers_of, put,
                                                     recipe_leaves, signature, snapshot, state, tensor_meta)
@@ -216,7 +216,7 @@ def _family_in_one_period(recent: list[tuple[int, tuple]], period: int = 16) -> 
         by_residue.setdefault((n - n0) % period, []).append((n, f))
     if len(by_residue) < period:
         return None
-    own = {}
+    own: dict[int, tuple] = {}  # residue -> (its line, which of its rows vary)
     for r, calls in by_residue.items():
         if len(calls) >= 2:
             (a, fa), (b, fb) = calls[:2]
@@ -226,24 +226,24 @@ def _family_in_one_period(recent: list[tuple[int, tuple]], period: int = 16) -> 
                 return None
             if not all(_on(line, (c - a) // period, fc) for c, fc in calls[2:]):
                 return None
-            own[r] = rebase(line, -((a - n0) // period), 1)
+            line = rebase(line, -((a - n0) // period), 1)
+            own[r] = (line, [varies(row) for row in line[0]])
     if not own:
         return None
-    templates: list = [own.get(r) for r in range(period)]
+    templates: list = [own[r][0] if r in own else None for r in range(period)]
+    rows_vary: list = [own[r][1] if r in own else None for r in range(period)]
     for r in range(period):
         if templates[r] is not None:
             continue
         n, f = by_residue[r][0]
-        k = (n - n0) // period
-        for line in own.values():
-            try:
-                templates[r] = rebase(fit(f, moved(f, evaluate(line, k), evaluate(line, k + 1)), 1, "call"), -k, 1)
+        for line, line_varies in own.values():
+            try:  # (its rows vary where the line's do)
+                templates[r], rows_vary[r] = anchored(line, f, (n - n0) // period, "call"), line_varies
                 break
-            except (NotAffine, OutOfRange):
+            except NotAffine:
                 continue
     last = recent[-1][0]
-    fam = _Family(templates, [None if t is None else [varies(row) for row in t[0]] for t in templates], period,
-                  n0, last, last + CHECKS[0] + 1)
+    fam = _Family(templates, rows_vary, period, n0, last, last + CHECKS[0] + 1)
     for r in range(period):
         if templates[r] is None:
             for n, f in by_residue[r]:
