@@ -960,9 +960,14 @@ def _autocast_dtype() -> torch.dtype | None:
     return None
 
 
+def _cast_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """``t``'s dtype after autocast's cast to ``dtype`` (None: no autocast): ``cached_cast``
+    eligibility, floating point and not float64."""
+    return dtype if dtype is not None and t.is_floating_point() and t.dtype != torch.float64 else t.dtype
+
+
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """``cached_cast`` eligibility: floating point, not float64."""
-    if t is None or not t.is_floating_point() or t.dtype in (torch.float64, dtype):
+    if t is None or _cast_dtype(t, dtype) == t.dtype:
         return t
     return t.to(dtype)
 
@@ -1043,13 +1048,10 @@ def _valid(b: dict[str, Any]) -> bool:
     if q.is_nested or k.is_nested or v.is_nested or q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
         return False
     low = _autocast_dtype()  # the dtypes after autocast's cast: rotary embeddings leave q, k float32, v half
-
-    def dtype(t: torch.Tensor) -> torch.dtype:
-        return low if low is not None and t.is_floating_point() and t.dtype != torch.float64 else t.dtype
-
-    if not (dtype(q) == dtype(k) == dtype(v)) or not q.is_floating_point():
+    dq = _cast_dtype(q, low)
+    if not (dq == _cast_dtype(k, low) == _cast_dtype(v, low)) or not q.is_floating_point():
         return False
-    if m is not None and (dtype(m) not in (torch.bool, dtype(q)) or b["is_causal"]):
+    if m is not None and (_cast_dtype(m, low) not in (torch.bool, dq) or b["is_causal"]):
         return False
     return isinstance(b["dropout_p"], (int, float)) and isinstance(b["is_causal"], bool)
 

@@ -162,16 +162,10 @@ class _Family:
         calls.append((n, form))
         if len(calls) < 3:
             return
-        (a, fa), (b, fb), (c, fc) = calls[-3:]
-        try:
-            line = fit(fa, fb, (b - a) // self.period, "call")
-            if not _on(line, (c - a) // self.period, fc):
-                return
-        except NotAffine:
-            return
-        template = rebase(line, -((a - self.first) // self.period), 1)
-        self.templates[r], self.varies[r] = template, [varies(row) for row in template[0]]
-        del self.pending[r]
+        template = _line(calls[-3:], self.first, self.period)
+        if template is not None:
+            self.templates[r], self.varies[r] = template, [varies(row) for row in template[0]]
+            del self.pending[r]
 
 
 def _family(recent: list[tuple[int, tuple]], period: int) -> _Family | None:
@@ -180,18 +174,13 @@ def _family(recent: list[tuple[int, tuple]], period: int) -> _Family | None:
     None if there is none."""
     if len(recent) < 3 * period:
         return None
-    forms = [f for _, f in recent]
-    templates = []
-    try:
-        for r in range(period):
-            line = forms[r::period]
-            template = fit(line[0], line[1], 1, "call")
-            if any(evaluate(template, k) != f for k, f in enumerate(line[2:], 2)):
-                return None
-            templates.append(template)
-    except (NotAffine, OutOfRange):
-        return None
     n0, last = recent[0][0], recent[-1][0]
+    templates = []
+    for r in range(period):
+        template = _line(recent[r::period], n0, period)
+        if template is None:
+            return None
+        templates.append(template)
     return _Family(templates, [[varies(row) for row in t[0]] for t in templates], period, n0, last,
                    last + CHECKS[0] + 1)
 
@@ -201,6 +190,20 @@ def _on(template: Any, k: int, form: tuple) -> bool:
         return evaluate(template, k) == form
     except OutOfRange:
         return False
+
+
+def _line(calls: list[tuple[int, tuple]], first: int, period: int) -> Any:
+    """The line through one residue's real calls ``[(n, form)]``, fitted on the first two and
+    held by the rest, its steps counted in periods from call ``first``; None if they are on none."""
+    (a, fa), (b, fb) = calls[:2]
+    try:
+        line = fit(fa, fb, (b - a) // period, "call")
+    except NotAffine:
+        return None
+    if not all(_on(line, (c - a) // period, fc) for c, fc in calls[2:]):
+        return None
+    shift = (a - first) // period
+    return rebase(line, -shift, 1) if shift else line
 
 
 def _family_in_one_period(recent: list[tuple[int, tuple]], period: int = 16) -> _Family | None:
@@ -219,14 +222,9 @@ def _family_in_one_period(recent: list[tuple[int, tuple]], period: int = 16) -> 
     own: dict[int, tuple] = {}  # residue -> (its line, which of its rows vary)
     for r, calls in by_residue.items():
         if len(calls) >= 2:
-            (a, fa), (b, fb) = calls[:2]
-            try:
-                line = fit(fa, fb, (b - a) // period, "call")
-            except NotAffine:
+            line = _line(calls, n0, period)
+            if line is None:
                 return None
-            if not all(_on(line, (c - a) // period, fc) for c, fc in calls[2:]):
-                return None
-            line = rebase(line, -((a - n0) // period), 1)
             own[r] = (line, [varies(row) for row in line[0]])
     if not own:
         return None
