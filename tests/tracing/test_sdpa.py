@@ -274,6 +274,33 @@ out.float().sum().backward()
         assert not [e for e in tr.events if "for_cpu" in (e.op or "")]
 
 
+MASK_DTYPE = """
+import torch, torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+q = torch.randn(2, 4, 50, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+mask = torch.zeros(2, 1, 50, 50, device="cuda")  # float32, as a mask made without a dtype is
+with sdpa_kernel(BACKENDS):
+    out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+out.float().sum().backward()
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_float32_mask_with_half_inputs_fails_where_the_gpu_fails(mode):
+    """SDPA takes a float32 mask with half q, k, v (``validate_sdpa_input``) and picks the
+    memory-efficient kernel for it, which raises "invalid dtype for bias" on the GPU: the
+    script dies there. The call went to PyTorch's CPU kernel, which runs, and xmem answered
+    with an estimate for a step that cannot run. cuDNN and math run it."""
+    with pytest.raises(RuntimeError, match="invalid dtype for bias - should match query's dtype"):
+        trace(MASK_DTYPE.replace("BACKENDS", "[SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]"), {},
+              mode=mode, device=device(SM["T4"]))
+    tr = trace(MASK_DTYPE.replace("BACKENDS", "[SDPBackend.MATH]"), {}, mode=mode, device=device(SM["T4"]))
+    assert tr.meta.get("sdpa_calls") == 1 and not [e for e in tr.events if "for_cpu" in (e.op or "")]
+    tr = trace(MASK_DTYPE.replace("BACKENDS", "[SDPBackend.CUDNN_ATTENTION]"), {}, mode=mode,
+               device=device(SM["A100"]))
+    assert [e.dtype for e in allocs(tr, op="aten._cudnn_attention_forward")][:1] == ["float16"]
+
+
 def test_the_target_gpus_architecture_decides():
     src = BLOCK.format(b=2, h=3, l=64, d=64, dtype="torch.float16", p=0.0)
     ops = {}

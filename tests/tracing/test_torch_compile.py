@@ -218,6 +218,23 @@ step(torch.randn(4, 64, 256, device="cuda", requires_grad=True)).backward()
     assert forward and forward == [f[1:] for f in fused if f[0]]  # recomputed in backward: the same kernel
 
 
+def test_a_compiled_attention_with_a_float32_mask_and_half_inputs_fails_as_on_the_gpu():
+    """The compiled call runs the memory-efficient kernel too (an extern kernel), which rejects a
+    float32 bias with half inputs: the compiled graph had taken PyTorch's own SDPA and compiled
+    its CPU decomposition, and xmem estimated a step that fails on the GPU."""
+    src = """
+import torch, torch.nn.functional as F
+@torch.compile
+def attend(q, mask):
+    return F.scaled_dot_product_attention(q, q, q, attn_mask=mask) * 2
+q = torch.randn(2, 4, 64, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+attend(q, torch.zeros(2, 1, 64, 64, device="cuda")).sum().backward()
+"""
+    a100 = dict(H100, name="NVIDIA A100-SXM4-40GB", major=8, minor=0, multi_processor_count=108)
+    with pytest.raises(RuntimeError, match="invalid dtype for bias - should match query's dtype"):
+        trace(src, {}, mode="fake", device=a100)
+
+
 def test_dropout_in_a_checkpointed_region_compiles_with_its_rng_state_saved():
     """Dropout inside a checkpointed region, compiled (GPT-2 under the Trainer's
     ``torch_compile`` and ``gradient_checkpointing``): the partitioner keeps the RNG state for

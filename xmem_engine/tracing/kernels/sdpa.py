@@ -44,7 +44,9 @@ Rules followed (PyTorch 2.6 to 2.13; where releases differ the newest rule is us
   storage offsets of q/k/v aligned to that many elements (``check_data_ptr_alignment_
   mem_efficient``, 2.10+); non-zero sequence lengths; last-dim stride 1 for q/k/v and the
   mask; same batch and heads (no GQA, the 2.6 rule); dtypes fp16/fp32, plus bf16 on sm80+.
-  Dropout and arbitrary additive masks are supported.
+  Dropout and arbitrary additive masks are supported; a float32 mask with half inputs (which
+  ``validate_sdpa_input`` lets through) fails in the kernel ("invalid dtype for bias"), and is
+  raised as that error (cuDNN reads it as given, math adds it in place).
 * cudnn (``can_use_cudnn_attention``): enabled; not deterministic (unless warn-only);
   fp16/bf16; mask broadcastable as ``check_attn_mask_shape`` wants and not requiring grad;
   sm80..sm121; dropout a multiple of 1/16; B, H <= 65535; head dims multiples of 8 and
@@ -70,6 +72,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
+
+from ..frames import as_torch_error
 
 FLASH = "flash_attention"
 EFFICIENT = "efficient_attention"
@@ -1005,7 +1009,7 @@ def _run(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_m
     if backend == EFFICIENT:
         bias = None
         if attn_mask is not None:  # convert_boolean_attn_mask, then preprocess_mask
-            bias = _bool_to_additive(attn_mask, q.dtype)
+            bias = _check_bias(_bool_to_additive(attn_mask, q.dtype), q)
             bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
             if bias.shape[-1] % 16:  # pad_bias<16>
                 bias = torch.nn.functional.pad(bias, (0, 16 - bias.shape[-1] % 16))[..., :k.shape[2]]
@@ -1026,6 +1030,23 @@ def _run(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_m
                 bias = bias.expand(q.shape[0], 1, q.shape[2], k.shape[2])
         return _Fused.apply(_Cudnn(**common), q, k, v, bias)
     raise RuntimeError(f"unknown SDPA backend {backend!r}")
+
+
+def _check_bias(bias: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The memory-efficient kernel's own check (``mem_eff_attention/kernel_forward.h``): nothing
+    before it converts a float32 additive mask to half inputs' dtype, so on the GPU the call
+    fails there; the same error, raised as torch raises it (cuDNN reads such a mask and math
+    adds it in place: they run)."""
+    if bias.dtype != q.dtype:
+        raise as_torch_error(RuntimeError(
+            f"invalid dtype for bias - should match query's dtype (CUDA's memory-efficient attention, which "
+            f"the target GPU picks for these inputs, got a {_dtype_name(bias.dtype)} attn_mask with "
+            f"{_dtype_name(q.dtype)} query, key and value: cast the mask to the query's dtype)"))
+    return bias
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _bind(args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -1051,7 +1072,9 @@ def _valid(b: dict[str, Any]) -> bool:
     dq = _cast_dtype(q, low)
     if not (dq == _cast_dtype(k, low) == _cast_dtype(v, low)) or not q.is_floating_point():
         return False
-    if m is not None and (_cast_dtype(m, low) not in (torch.bool, dq) or b["is_causal"]):
+    # validate_sdpa_input: a mask is bool, float32 or the query's dtype (a float32 one with half
+    # inputs passes here and fails in the memory-efficient kernel: _check_bias)
+    if m is not None and (_cast_dtype(m, low) not in (torch.bool, torch.float32, dq) or b["is_causal"]):
         return False
     return isinstance(b["dropout_p"], (int, float)) and isinstance(b["is_causal"], bool)
 
@@ -1125,7 +1148,7 @@ def compiled_attention(capability: tuple[int, int]) -> Callable[..., torch.Tenso
             bias = None if attn_mask is None else _bool_to_additive(attn_mask, query.dtype)
             if backend == EFFICIENT:
                 if bias is not None:
-                    bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+                    bias = _check_bias(bias, query).expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
                 return aten._scaled_dot_product_efficient_attention(query, key, value, bias, lse, float(dropout_p),
                                                                     bool(is_causal), scale=scale)[0]
             return aten._scaled_dot_product_cudnn_attention(query, key, value, bias, lse, float(dropout_p),
