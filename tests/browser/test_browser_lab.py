@@ -8,6 +8,7 @@ skips and says why.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -64,6 +65,13 @@ def _one_result_per_cell(page, showing: str) -> None:
         return out; }""")
     xmem_cells = [s for s in sources if s.startswith("%%xmem") and "--quiet" not in s.split("\n")[0]]
     assert n == len(xmem_cells) > 0, (n, len(xmem_cells))
+    # the report stands in while a widget (re-)renders, e.g. after its output took the widget's
+    # report: on a loaded machine that takes seconds; wait for the state, then check it
+    with contextlib.suppress(Exception):
+        page.wait_for_function(
+            """([sel, widget]) => Array.from(document.querySelectorAll(sel)).every(r =>
+                   (r.querySelectorAll('.xmem-widget').length === (widget ? 1 : 0)))""",
+            arg=[f"{PANEL} .jp-RenderedXmemResult", showing == "widget"], timeout=60_000)
     for i in range(n):
         r = results.nth(i)
         report_visible = r.locator(":scope > .jp-RenderedXmemReport").evaluate(
