@@ -84,6 +84,7 @@ from xmem_engine.tracing.oom_tries import marked_functions, note as oom_note, oo
 from xmem_engine.tracing.shims.hub_uploads import hub_writes_held_back
 from xmem_engine.tracing.shims.threads import threads_in_the_trace
 from xmem_engine.tracing.shims.triton_launches import triton_launches
+from xmem_engine.tracing.shims.triton_absent import hint_missing_triton, note_fallbacks
 from xmem_engine.tracing.shims.unsloth_checks import unsloth_checks
 from xmem_engine.tracing.user_state import UserState, is_plain
 from xmem_engine.tracing.virtual_cuda import patched_cuda
@@ -171,6 +172,7 @@ def trace(
     except BaseException as e:
         if not trim_traceback(e):
             raise
+        hint_missing_triton(e)
         unsupported = needs_real_gpu(e, mode) or made_before_the_trace(e)
         if unsupported is not None:
             raise unsupported from e
@@ -470,6 +472,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
             stack.enter_context(patched_item(os.environ, "USE_HUB_KERNELS", "NO"))
             stack.callback(_note_hub_kernels, tracer)
         stack.enter_context(triton_launches(tracer))  # Triton kernels: recorded, not run
+        stack.callback(note_fallbacks, tracer)  # ...and where Triton is missing, the fallbacks taken said
         stack.enter_context(bitsandbytes_on_gpu(tracer))  # 4/8-bit parameters and optimizers
         stack.enter_context(generation_in_fake_mode(tracer, stack))  # generate(): to max_new_tokens, steps made
         stack.enter_context(fake_tensors_are_not_traced(tracer, stack))  # masks dropped as on a GPU
