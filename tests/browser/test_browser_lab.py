@@ -8,7 +8,6 @@ skips and says why.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 from pathlib import Path
 
@@ -55,6 +54,18 @@ TITLE_JS = """(text) => (window.Bokeh && window.Bokeh.documents || []).some(d =>
     return false; })"""
 
 
+def _each_result_showing(page, widget: bool, timeout: float) -> bool:
+    """Wait until every xmem result shows its live widget (or none does); False on timeout."""
+    try:
+        page.wait_for_function(
+            """([sel, widget]) => Array.from(document.querySelectorAll(sel)).every(r =>
+                   (r.querySelectorAll('.xmem-widget').length === (widget ? 1 : 0)))""",
+            arg=[f"{PANEL} .jp-RenderedXmemResult", widget], timeout=timeout)
+        return True
+    except Exception:  # noqa: BLE001 - playwright's TimeoutError; the caller checks what shows
+        return False
+
+
 def _one_result_per_cell(page, showing: str) -> None:
     """Each %%xmem cell has one output, showing either the live widget or the saved report,
     never both, never a widget error or a widget's repr."""
@@ -65,13 +76,8 @@ def _one_result_per_cell(page, showing: str) -> None:
         return out; }""")
     xmem_cells = [s for s in sources if s.startswith("%%xmem") and "--quiet" not in s.split("\n")[0]]
     assert n == len(xmem_cells) > 0, (n, len(xmem_cells))
-    # the report stands in while a widget (re-)renders, e.g. after its output took the widget's
-    # report: on a loaded machine that takes seconds; wait for the state, then check it
-    with contextlib.suppress(Exception):
-        page.wait_for_function(
-            """([sel, widget]) => Array.from(document.querySelectorAll(sel)).every(r =>
-                   (r.querySelectorAll('.xmem-widget').length === (widget ? 1 : 0)))""",
-            arg=[f"{PANEL} .jp-RenderedXmemResult", showing == "widget"], timeout=60_000)
+    # the report stands in while a widget (re-)renders: on a loaded machine that takes seconds
+    _each_result_showing(page, showing == "widget", timeout=60_000)
     for i in range(n):
         r = results.nth(i)
         report_visible = r.locator(":scope > .jp-RenderedXmemReport").evaluate(
@@ -145,15 +151,15 @@ def test_quickstart_in_jupyterlab(lab):
             page.wait_for_function("() => !document.title.startsWith('*') && "
                                    "!document.querySelector('.jp-mod-dirty')", timeout=30_000)
             again = page.locator(f"{PANEL} .xmem-widget").first
-            for attempt in range(2):
+            for attempt in range(3):
                 page.reload()
                 # ipywidgets' manager gives a widget output 2 s to find its model while it
-                # restores all models from the kernel; on a loaded machine that can lose the
+                # restores all models from the kernel; on a loaded machine a widget can lose the
                 # race ("model not found", an upstream JupyterLab/ipywidgets matter, not
-                # BokehJS): reload once more in that case
+                # BokehJS; its cell shows the saved report): reload again until every one is back
                 page.locator(f"{PANEL} .xmem-widget, {PANEL} .jupyter-widgets:has-text('model not found')"
                              ).first.wait_for(state="attached", timeout=90_000)
-                if again.count():
+                if _each_result_showing(page, True, timeout=30_000):
                     break
             again.wait_for(state="attached", timeout=90_000)
             again.scroll_into_view_if_needed()
