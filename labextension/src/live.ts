@@ -106,6 +106,15 @@ export class FactoryWatch {
 
 const CLASS_NAME = 'jp-RenderedXmemResult';
 
+/**
+ * When ipywidgets answers "model not found", the live view is asked again, this many times,
+ * waiting `ms` times the try's number first. A page reloaded against a running kernel restores
+ * the widget models from it while each view waits 2 s for its own; on a busy machine a view
+ * loses that race and its model arrives later. A kernel that really lacks the model (restarted)
+ * costs a few hidden tries; the report shows throughout.
+ */
+export const RETRIES = { count: 3, ms: 2000 };
+
 /** True when ipywidgets' renderer holds a view (it adds the view as a child widget). */
 function holdsView(live: Widget): boolean {
   const children = (live as Panel).widgets;
@@ -121,6 +130,8 @@ export class XmemResultRenderer extends Panel implements IRenderMime.IRenderer {
   private _modelId = '';
   private _observer: MutationObserver | null = null;
   private _handed = '';
+  private _tries = 0;
+  private _retry: ReturnType<typeof setTimeout> | null = null;
 
   constructor(options: IRenderMime.IRendererOptions, source: IWidgetSource | null) {
     super();
@@ -144,6 +155,8 @@ export class XmemResultRenderer extends Panel implements IRenderMime.IRenderer {
     this._model = model;
     if (id !== this._modelId) {
       this._dropLive();
+      this._cancelRetry();
+      this._tries = 0;
       this._modelId = id;
       this._startLive();
     }
@@ -166,12 +179,14 @@ export class XmemResultRenderer extends Panel implements IRenderMime.IRenderer {
     if (this.isDisposed) {
       return;
     }
+    this._cancelRetry();
     this._dropLive();
     super.dispose();
   }
 
   /** Show the report and let go of the widget (its kernel is gone). */
   release(): void {
+    this._cancelRetry();
     this._dropLive();
     this._sync();
   }
@@ -198,12 +213,40 @@ export class XmemResultRenderer extends Panel implements IRenderMime.IRenderer {
       this._sync();
       this._takeReport();
       decorateWidget(live.node);
+      this._retryIfNotFound(live);
     });
     this._observer!.observe(live.node, { childList: true, subtree: true, characterData: true });
     live.renderModel(model).then(
       () => this._sync(),
       err => console.warn('xmem: the live widget did not render; showing the saved report', err)
     );
+  }
+
+  /** Ask for the live view again later if ipywidgets did not find its model (see RETRIES). */
+  private _retryIfNotFound(live: Widget): void {
+    if (this._retry !== null || this._tries >= RETRIES.count || this.showing === 'widget') {
+      return;
+    }
+    if (!(live.node.textContent ?? '').includes('model not found')) {
+      return;
+    }
+    this._tries += 1;
+    this._retry = setTimeout(() => {
+      this._retry = null;
+      if (this.isDisposed || this._live !== live) {
+        return; // released, or started again meanwhile
+      }
+      this._dropLive();
+      this._startLive();
+      this._sync();
+    }, RETRIES.ms * this._tries);
+  }
+
+  private _cancelRetry(): void {
+    if (this._retry !== null) {
+      clearTimeout(this._retry);
+      this._retry = null;
+    }
   }
 
   /** The report the live widget carries, into the output's data (saved with the notebook). */

@@ -126,6 +126,49 @@ describe('the per-notebook result renderer', () => {
     assert.match(r.node.querySelector('.xmem-headline-text').textContent, /^Peak /);
   });
 
+  it('asks again when the kernel restores the model late (a page reloaded on a busy machine)', async () => {
+    const saved = { ...live.RETRIES };
+    live.RETRIES.ms = 5;
+    try {
+      const models = new Set<string>();
+      const reg = registry(models);
+      const r = live.liveFactory(reg).createRenderer(OPTIONS);
+      await r.renderModel(bundle('m1'));
+      await settle();
+      assert.equal(r.showing, 'report'); // "model not found": not shown
+      models.add('m1'); // the manager has it now
+      await new Promise(res => setTimeout(res, 60));
+      assert.equal(r.showing, 'widget');
+      assert.deepEqual(shown(r), { report: false, widget: true });
+      assert.equal(r.node.querySelectorAll('.xmem-live').length, 1);
+    } finally {
+      Object.assign(live.RETRIES, saved);
+    }
+  });
+
+  it('gives up after its tries, and stops at once when the kernel goes', async () => {
+    const saved = { ...live.RETRIES };
+    live.RETRIES.ms = 2;
+    try {
+      const reg = registry(new Set());
+      const r = live.liveFactory(reg).createRenderer(OPTIONS);
+      await r.renderModel(bundle('gone'));
+      await new Promise(res => setTimeout(res, 80));
+      assert.equal(reg.made.length, 1 + live.RETRIES.count);
+      assert.deepEqual(shown(r), { report: true, widget: false });
+      live.RETRIES.ms = 50;
+      const reg2 = registry(new Set());
+      const r2 = live.liveFactory(reg2).createRenderer(OPTIONS);
+      await r2.renderModel(bundle('gone'));
+      await settle(); // "model not found": a try is due in 50 ms
+      r2.release();
+      await new Promise(res => setTimeout(res, 200));
+      assert.equal(reg2.made.length, 1);
+    } finally {
+      Object.assign(live.RETRIES, saved);
+    }
+  });
+
   it('never asks for the widget in an untrusted output, or without ipywidgets', async () => {
     for (const [reg, model] of [
       [registry(new Set(['m1'])), bundle('m1', false)],
