@@ -1038,15 +1038,12 @@ def _check_bias(bias: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     fails there; the same error, raised as torch raises it (cuDNN reads such a mask and math
     adds it in place: they run)."""
     if bias.dtype != q.dtype:
+        got, want = (str(t.dtype).removeprefix("torch.") for t in (bias, q))
         raise as_torch_error(RuntimeError(
             f"invalid dtype for bias - should match query's dtype (CUDA's memory-efficient attention, which "
-            f"the target GPU picks for these inputs, got a {_dtype_name(bias.dtype)} attn_mask with "
-            f"{_dtype_name(q.dtype)} query, key and value: cast the mask to the query's dtype)"))
+            f"the target GPU picks for these inputs, got a {got} attn_mask with {want} query, key and value: "
+            f"cast the mask to the query's dtype)"))
     return bias
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _bind(args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -33,19 +33,12 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None  # (the imported module's spec, once imported)
 
 
-def fallback_note() -> str | None:
-    """The note for a trace whose libraries took their fallbacks for want of Triton."""
-    taken = [what for module, what in FALLBACKS.items() if module in sys.modules]
-    if not taken or triton_installed():
-        return None
-    return (f"Triton is not installed here, so these ran the PyTorch fallbacks a GPU machine does not: "
-            f"{'; '.join(taken)}. They can hold more memory than the Triton kernels: {INSTALL}")
-
-
 def note_fallbacks(tracer: Any) -> None:
-    note = fallback_note()
-    if note is not None:
-        tracer.notes.append(note)
+    """The trace's note when its libraries took their fallbacks for want of Triton."""
+    taken = [what for module, what in FALLBACKS.items() if module in sys.modules]
+    if taken and not triton_installed():
+        tracer.notes.append(f"Triton is not installed here, so these ran the PyTorch fallbacks a GPU machine does "
+                            f"not: {'; '.join(taken)}. They can hold more memory than the Triton kernels: {INSTALL}")
 
 
 def hint_missing_triton(e: BaseException) -> None:
