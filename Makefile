@@ -1,20 +1,30 @@
 # The two commands of the README. Both set up .venv first (scripts/setup.sh).
-.PHONY: setup test test-torch-ends start cli-demo bench bench-setup paper-runs zoo finetune-setup test-finetune zoo-finetune \
+.PHONY: setup test test-slow test-torch-ends start cli-demo bench bench-setup paper-runs zoo finetune-setup test-finetune zoo-finetune \
 	unsloth-setup test-unsloth zoo-unsloth recordings-compiled
 
 setup:
 	@bash scripts/setup.sh
 
+# The default run: every test but those marked slow, on two pytest workers, as every test
+# target below but test-slow (a test file stays on one worker; each worker holds its own torch,
+# about 1 GB of memory, so more of them are for machines with the memory and cores).
+PYTEST_WORKERS ?= 2
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
+
+# The slow tests, one at a time (CI runs them after `test`): JupyterLab and Notebook 7 in
+# Chromium, the demo notebooks executed whole, the advisor's searches made by hand, a 7B-sized
+# step's memory, the ground-truth runner's dry run. Each is CPU-heavy and uses both cores.
+test-slow: setup
+	.venv/bin/python -m pytest -q -m slow
 
 # The supported PyTorch range's two ends (README, "Install"): the engine's tests on each,
 # with PyPI's default Linux wheel (a CUDA build, run here without a driver). CI runs it after `test`.
 TORCH_OLDEST = 2.10.0
 TORCH_NEWEST = 2.14.1
 test-torch-ends:
-	bash scripts/test_torch.sh $(TORCH_OLDEST)
-	bash scripts/test_torch.sh $(TORCH_NEWEST)
+	PYTEST_WORKERS=$(PYTEST_WORKERS) bash scripts/test_torch.sh $(TORCH_OLDEST)
+	PYTEST_WORKERS=$(PYTEST_WORKERS) bash scripts/test_torch.sh $(TORCH_NEWEST)
 
 # The one public GPU recording of a compiled step (kk memory_logs, benchmarks/recordings.py) was
 # made with torch 2.6: Inductor's schedule is that release's, so it is traced under 2.6 (the
@@ -61,7 +71,7 @@ paper-runs: bench-setup
 # environment (.venv-bench) stays on transformers 4.51.
 FINETUNE_PINS = "torch==2.14.1" "transformers==5.25.0" "peft==0.21.2" "trl==1.16.0" "bitsandbytes==0.50.2" \
 	"liger-kernel==0.8.5" "lightning==2.6.6" "torchao==0.18.0" "accelerate>=1.10" "datasets>=3.0" \
-	"numpy>=1.24" "pytest>=8" "hypothesis>=6.100" "jsonschema>=4.0" "tqdm>=4.60" \
+	"numpy>=1.24" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" "jsonschema>=4.0" "tqdm>=4.60" \
 	"ipython>=8.0" "ipykernel>=6.0" "ipywidgets>=8.1" "bokeh>=3.4" "jupyter_bokeh>=4.0" "nbclient>=0.10" "nbformat>=5.9"
 # It is also a Jupyter kernel, "Python (xmem fine-tuning stack)", for demo_notebooks/07 in `make start`'s JupyterLab.
 finetune-setup:
@@ -73,7 +83,8 @@ finetune-setup:
 
 # The fine-tuning stack's tests (they skip where a library is missing; here none is).
 test-finetune: finetune-setup
-	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider tests/finetune tests/jupyter/test_compile_toggle.py
+	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile \
+		tests/finetune tests/jupyter/test_compile_toggle.py
 	@# the compile toggle in JupyterLab, in the kernel finetune-setup installs (skips without .venv's browser)
 	if [ -x .venv/bin/python ]; then .venv/bin/python -m pytest -q -p no:cacheprovider tests/browser/test_browser_compile.py; fi
 
@@ -86,14 +97,14 @@ zoo-finetune: finetune-setup
 # torch wheel (a CUDA build, no driver here). Its test runs `xmem estimate` on Unsloth's QLoRA
 # notebook in a child process; the check below keeps a failed install from passing as a skip.
 UNSLOTH_PINS = "torch==2.14.1" "unsloth==2026.10.9" "unsloth_zoo==2026.10.9" "transformers==5.17.0" "trl==1.15.0" \
-	"peft==0.21.2" "bitsandbytes==0.50.2" "datasets>=3.0" "pytest>=8" "numpy>=1.24" "tqdm>=4.60"
+	"peft==0.21.2" "bitsandbytes==0.50.2" "datasets>=3.0" "pytest>=8" "pytest-xdist>=3.5" "numpy>=1.24" "tqdm>=4.60"
 unsloth-setup:
 	@test -x .venv-unsloth/bin/python || python3 -m venv .venv-unsloth
 	.venv-unsloth/bin/pip install --quiet --disable-pip-version-check $(UNSLOTH_PINS) 2>&1 | grep -v "^WARNING: Location" || true
 	@.venv-unsloth/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('unsloth') is None and 'unsloth did not install')"
 
 test-unsloth: unsloth-setup
-	PYTHONPATH="$$PWD" .venv-unsloth/bin/python -m pytest -q -p no:cacheprovider tests/unsloth_notebook
+	PYTHONPATH="$$PWD" .venv-unsloth/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile tests/unsloth_notebook
 
 zoo-unsloth: unsloth-setup
 	PYTHONPATH="$$PWD" .venv-unsloth/bin/python benchmarks/zoo.py --dir benchmarks/zoo/finetune --only unsloth_qlora unsloth_conversational unsloth_grpo --markdown
