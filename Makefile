@@ -9,8 +9,9 @@ setup:
 # target below but test-slow (a test file stays on one worker; each worker holds its own torch,
 # about 1 GB of memory, so more of them are for machines with the memory and cores).
 PYTEST_WORKERS ?= 2
+WORKERS = -n $(PYTEST_WORKERS) --dist loadfile
 test: setup
-	.venv/bin/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
+	.venv/bin/python -m pytest -q -m "not slow" $(WORKERS)
 
 # The slow tests, one at a time (CI runs them after `test`): JupyterLab and Notebook 7 in
 # Chromium, the demo notebooks executed whole, the advisor's searches made by hand, a 7B-sized
@@ -83,8 +84,7 @@ finetune-setup:
 
 # The fine-tuning stack's tests (they skip where a library is missing; here none is).
 test-finetune: finetune-setup
-	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile \
-		tests/finetune tests/jupyter/test_compile_toggle.py
+	PYTHONPATH="$$PWD" .venv-ft/bin/python -m pytest -q -p no:cacheprovider $(WORKERS) tests/finetune tests/jupyter/test_compile_toggle.py
 	@# the compile toggle in JupyterLab, in the kernel finetune-setup installs (skips without .venv's browser)
 	if [ -x .venv/bin/python ]; then .venv/bin/python -m pytest -q -p no:cacheprovider tests/browser/test_browser_compile.py; fi
 
@@ -104,7 +104,7 @@ unsloth-setup:
 	@.venv-unsloth/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('unsloth') is None and 'unsloth did not install')"
 
 test-unsloth: unsloth-setup
-	PYTHONPATH="$$PWD" .venv-unsloth/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile tests/unsloth_notebook
+	PYTHONPATH="$$PWD" .venv-unsloth/bin/python -m pytest -q -p no:cacheprovider $(WORKERS) tests/unsloth_notebook
 
 zoo-unsloth: unsloth-setup
 	PYTHONPATH="$$PWD" .venv-unsloth/bin/python benchmarks/zoo.py --dir benchmarks/zoo/finetune --only unsloth_qlora unsloth_conversational unsloth_grpo --markdown
