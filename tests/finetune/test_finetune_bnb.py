@@ -177,6 +177,21 @@ def test_8bit_optimizer_state_bytes_equal_bitsandbytes():
     assert "managed_bytes" not in fake.meta
 
 
+@pytest.mark.parametrize("name", ["LAMB", "LAMB8bit", "LARS"])
+def test_optimizers_clipping_by_the_weights_norm_run_in_fake_mode(name):
+    # max_unorm > 0 (LAMB's and LARS's default; GaLore's AdamW8bit too) passes the weight's
+    # norm, a 0-dim tensor, as the op's ``float param_norm``: C++ reads it (item() on a GPU)
+    # and refused a fake tensor ("cannot extract float from tensor with meta storage")
+    src = OPTIM.format(name=name)
+    if name == "LARS":
+        src = src.replace("lr=1e-3", "lr=1e-3, momentum=0.9")  # bitsandbytes' LARS needs momentum
+    fake = trace(src, {}, mode="fake")
+    real = trace(src, {}, mode="real")
+    assert fake.mode == "fake"
+    assert same_events(fake, real)
+    assert any("bitsandbytes/functional.py" in str(g.get("where", "")) + str(g) for g in fake.meta["guesses"])
+
+
 @pytest.mark.parametrize("name,itemsize", [("PagedAdamW8bit", 1), ("PagedAdamW32bit", 4)])
 def test_paged_optimizer_states_are_unified_memory(name, itemsize):
     src = OPTIM.format(name=name)

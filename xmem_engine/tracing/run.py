@@ -70,6 +70,7 @@ from xmem_engine.tracing.shims.bitsandbytes_shim import bitsandbytes_on_gpu
 from xmem_engine.tracing.shims.checkpoints import kept_in_memory
 from xmem_engine.tracing.shims.data_parallel import data_parallel_on_gpu
 from xmem_engine.tracing.shims.flash_attention import flash_attn_on_gpu
+from xmem_engine.tracing.shims.scalar_arguments import numbers_from_fake_tensors
 from xmem_engine.tracing.fake.guesses import GUESS_HEADLINE, Guesses
 from xmem_engine.tracing.steady import bind as steady_bind, steady_code
 from xmem_engine.tracing.host_memory import ENV as HOST_ENV, HostBudget, HostMemoryExceeded, gib
@@ -492,6 +493,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
             # traceback of its own; the error itself reaches the user's code.
             stack.enter_context(logger_level("torch._subclasses.fake_tensor", logging.CRITICAL))
             stack.enter_context(out_variant_metas())  # Inductor's _scaled_mm(out=): no real fallback
+            stack.enter_context(numbers_from_fake_tensors())  # a 0-dim tensor for an op's float: item()
             symbolic = {"shape_env": tracer.symbolic.env, "static_shapes": True} if tracer.symbolic else {}
             fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True, **symbolic))
             if symbolic:  # composite ops kept symbolic, not pinned by C++ (symbolic.py)
