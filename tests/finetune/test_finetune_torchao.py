@@ -53,3 +53,36 @@ def test_compiled_float8_matmuls_stay_in_fake_mode(monkeypatch):
     assert any("compiled for the target GPU" in n for n in tr.meta["notes"]), tr.meta["notes"]
     assert not any("_scaled_mm" in f for f in fallbacks), fallbacks
     assert tr.meta["iterations"] >= 2
+
+
+OFFLOADED = """
+import torch
+from torchao.optim import CPUOffloadOptimizer
+model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512)).cuda()
+opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, offload_gradients=True, fused=True)
+for _ in range(2):
+    model(torch.randn(64, 512, device="cuda")).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_cpu_offload_optimizer_keeps_states_and_large_gradients_off_the_gpu():
+    """torchao's ``CPUOffloadOptimizer`` is an Optimizer that never calls
+    ``Optimizer.__init__`` (no ``state``): the tracer's classification of what an optimizer
+    holds stopped the estimate with an AttributeError."""
+    from xmem_engine.tracing import trace
+
+    fake = trace(OFFLOADED, {}, mode="fake")
+    real = trace(OFFLOADED, {}, mode="real")
+    assert fake.mode == "fake"
+    sizes = [[(e.kind, e.bytes) for e in tr.events if e.kind in ("alloc", "free")] for tr in (fake, real)]
+    assert sizes[0] == sizes[1]
+    cuda = [e for e in fake.events if e.kind == "alloc"]
+    # the weights' AdamW states live on the host: on the GPU only the biases' (under 4,096
+    # elements, torchao's minimal_size, stepped by an on-device AdamW)
+    states = sorted(e.bytes for e in cuda if e.category == "optimizer_state")
+    assert states and max(states) <= 1024 * 4, states
+    # each weight's gradient, freed in the backward once copied to the host, is still a gradient
+    grads = [e.bytes for e in cuda if e.category == "gradient" and e.bytes == 512 * 1024 * 4]
+    assert len(grads) == 4  # two weights, two steps

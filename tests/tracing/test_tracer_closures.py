@@ -64,3 +64,32 @@ def test_lbfgs_calls_its_closure_many_times_in_one_step():
         assert calls > 1 and sum(str(e.category) == "activation" for e in forwards) == 3 * calls
         assert any(str(e.phase) == "optimizer" for e in a if e.iteration == it)  # LBFGS's own buffers
     assert not any(str(e.phase) == "optimizer" and str(e.category) == "activation" for e in a)
+
+
+OPTIMIZER_IN_BACKWARD = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512)).cuda()
+
+@torch.no_grad()
+def step(p):  # plain SGD, by hand
+    p.add_(p.grad, alpha=-1e-3)
+    p.grad = None
+
+for p in model.parameters():
+    p.register_post_accumulate_grad_hook(step)
+for _ in range(2):
+    model(torch.randn(64, 512, device="cuda")).pow(2).mean().backward()
+"""
+
+
+def test_gradients_freed_inside_the_backward_are_gradients():
+    # as PyTorch's tutorial "How to save memory by fusing the optimizer step into the backward
+    # pass" (there with an optimizer per parameter), each gradient is used and freed by a
+    # post-accumulate hook before the backward ends, where the tracer labels gradients: they
+    # were "temporary"
+    tr = trace(OPTIMIZER_IN_BACKWARD, {}, mode="fake")
+    grads = sorted(e.bytes for e in tr.events if e.kind == "alloc" and e.category == "gradient")
+    assert grads == sorted([512 * 1024 * 4, 1024 * 4, 1024 * 512 * 4, 512 * 4] * 2), grads
+    import torch
+
+    assert torch.Tensor.register_post_accumulate_grad_hook.__qualname__ == "Tensor.register_post_accumulate_grad_hook"

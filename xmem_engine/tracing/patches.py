@@ -36,6 +36,25 @@ def patched_attr(obj: Any, name: str, value: Any) -> Iterator[None]:
                 delattr(obj, name)
 
 
+def labelling_grad_hooks(orig: Callable[..., Any], label: Callable[[], Any]) -> Callable[..., Any]:
+    """``Tensor.register_post_accumulate_grad_hook`` whose hooks first call ``label()(p)`` (the
+    tracer's, held weakly: a hook outlives the trace on the code's parameter), which names the
+    new ``p.grad`` a gradient. Code that steps or offloads each parameter as its gradient is
+    made (PyTorch's "optimizer step in backward" recipe, torchao's ``CPUOffloadOptimizer``)
+    frees it before the backward ends, where the tracer labels gradients: they were "temporary"."""
+
+    def register_post_accumulate_grad_hook(t: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> Any:
+        def labelled(p: torch.Tensor) -> None:
+            fn = label()
+            if fn is not None:
+                fn(p)
+            return hook(p)
+
+        return orig(t, labelled)
+
+    return register_post_accumulate_grad_hook
+
+
 def restore_default_device(device: torch.device) -> None:
     if torch.get_default_device() != device:
         torch.set_default_device(device if device.type != "cpu" else None)

@@ -41,7 +41,7 @@ from xmem_engine.simulation.allocator import CachingAllocator
 from xmem_engine.trace import ALLOC, EMPTY_CACHE, FREE, ITERATION, PHASE, RECORD_STREAM, RESET_PEAK, Category, Phase, TraceEvent
 from xmem_engine.tracing.errors import StopTracing
 from xmem_engine.tracing.frames import as_torch_error, op_name, user_frame
-from xmem_engine.tracing.patches import patched_attr
+from xmem_engine.tracing.patches import labelling_grad_hooks, patched_attr
 from xmem_engine.tracing.scope import CallScope
 from xmem_engine.tracing.symbolic import hint
 from xmem_engine.tracing.kernels.cuda_temporaries import device_of
@@ -286,12 +286,12 @@ class Tracer:
                 self._upgrade(b, Category.BUFFER, name.rpartition(".")[0])
 
     def classify_optimizer(self, opt: torch.optim.Optimizer) -> None:
-        for g in opt.param_groups:
+        for g in getattr(opt, "param_groups", ()):  # torchao's CPUOffloadOptimizer: no Optimizer.__init__
             for p in g["params"]:
                 owner = self._param_module.get(p, "")
                 self._upgrade(p, Category.PARAMETER, owner)
                 self._upgrade(p.grad, Category.GRADIENT, owner)
-        for p, s in opt.state.items():
+        for p, s in getattr(opt, "state", {}).items():
             if isinstance(s, dict):
                 owner = self._param_module.get(p, "")
                 for v in s.values():
@@ -606,15 +606,16 @@ class Tracer:
     # ------------------------------------------------------------------ recording
     @contextlib.contextmanager
     def hooks(self) -> Iterator["Tracer"]:
-        """The tracer's own hooks into torch (modules, optimizers, autograd's saved tensors,
-        ``record_stream``), removed on exit. The modes and patches that make the virtual
-        device are installed around them by ``run.recording``."""
+        """The tracer's own hooks into torch (modules, optimizers, gradients, autograd's saved tensors,
+        ``record_stream``), removed on exit; ``run.recording`` installs the virtual device around them."""
         import torch.nn.modules.module as module_mod
         import torch.optim.optimizer as optim_mod
 
         with contextlib.ExitStack() as stack:
             # Tensor.record_stream parses its argument as a C++ Stream before any mode sees it.
             stack.enter_context(patched_attr(torch.Tensor, "record_stream", self._tensor_record_stream))
+            stack.enter_context(patched_attr(torch.Tensor, "register_post_accumulate_grad_hook", labelling_grad_hooks(
+                torch.Tensor.register_post_accumulate_grad_hook, weakref.WeakMethod(self._label_gradient))))
             stack.enter_context(module_mod.register_module_forward_pre_hook(self._forward_pre))
             stack.enter_context(module_mod.register_module_forward_hook(self._forward_post, always_call=True))
             stack.enter_context(patched_attr(torch.optim.Optimizer, "__init__", self._optimizer_init()))
@@ -622,6 +623,10 @@ class Tracer:
             stack.enter_context(optim_mod.register_optimizer_step_post_hook(self._optimizer_post))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, unpack_saved))
             yield self
+
+    def _label_gradient(self, p: torch.Tensor) -> None:  # (a hook may outlive the trace: labelling_grad_hooks)
+        if not self._closed:
+            self._upgrade(p.grad, Category.GRADIENT, self._param_module.get(p, ""))
 
     def close(self) -> None:
         """The run is over: frees still pending are recorded, later ones are not."""
