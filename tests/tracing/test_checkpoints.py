@@ -159,3 +159,67 @@ for _ in range(20):
     ns: dict = {}
     trace(src, ns, mode="real")
     assert ns["reused"] > 0 and ns["on_gpu"] == 0
+
+
+def test_a_real_file_read_to_the_host_keeps_its_values(tmp_path, monkeypatch):
+    """torch.load to the host under the fake mode read no data, and its tensors were plain meta
+    ones: a step count's ``float()``, ``torch.set_rng_state`` failed (host_loads.py). Small
+    tensors come back real, with their values; past the budget, fake (no host memory), tied
+    ones still sharing their storage."""
+    import torch
+
+    import xmem_engine.tracing.shims.checkpoints as checkpoints
+
+    emb = torch.randn(512, 256)
+    torch.save({"step": torch.tensor(7.0), "rng": torch.get_rng_state(), "emb": emb, "head": emb,
+                "big": torch.ones(1024, 1024)}, tmp_path / "ckpt.pt")
+    monkeypatch.setattr(checkpoints, "KEPT_REAL_BYTES", 1 << 20)  # the 4 MiB "big" is past it
+    src = f"""
+import io
+import torch
+ck = torch.load({str(tmp_path / "ckpt.pt")!r}, map_location="cpu")
+step = float(ck["step"])
+torch.set_rng_state(ck["rng"])
+emb_sum = float(ck["emb"].sum())
+tied = ck["emb"].untyped_storage().data_ptr() == ck["head"].untyped_storage().data_ptr()
+big = type(ck["big"]).__name__, str(ck["big"].device), tuple(ck["big"].shape)
+buf = io.BytesIO()
+torch.save({{"n": torch.tensor([1, 2, 3])}}, buf)
+buf.seek(0)
+from_buffer = torch.load(buf)["n"].tolist()
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake")
+    assert tr.mode == "fake"
+    assert ns["step"] == 7.0 and ns["tied"] and ns["from_buffer"] == [1, 2, 3]
+    assert abs(ns["emb_sum"] - float(emb.sum())) < 1e-3
+    assert ns["big"] == ("FakeTensor", "cpu", (1024, 1024))
+
+
+DCP = """
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+def step():
+    model(torch.randn(64, 256, device="cuda")).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+step()
+model_sd, optim_sd = get_state_dict(model, opt)
+dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=PATH)
+model_sd, optim_sd = get_state_dict(model, opt)
+dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=PATH)
+set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
+step()
+"""
+
+
+def test_torch_distributed_checkpoint_round_trip_in_one_process(tmp_path):
+    # DCP reads each entry to the host, then copies it into the tensor it fills: the AdamW
+    # step counts (real host tensors) were filled from meta tensors and the load stopped
+    fake = trace(DCP, {"PATH": str(tmp_path / "fake")}, mode="fake")
+    real = trace(DCP, {"PATH": str(tmp_path / "real")}, mode="real")
+    assert fake.mode == "fake"
+    assert alloc_stream(fake) == alloc_stream(real)

@@ -7,7 +7,8 @@ fails), and a checkpoint of a 7B model would be 28 GB of zeros on the user's dis
 mode a save whose object holds fake tensors writes no tensors and keeps the object, and a later
 ``torch.load`` of the same path (or file object) in the traced code returns a copy, whose
 tensors are new storages where ``map_location`` puts them, as a real load's are. Objects
-without fake tensors are saved and loaded by torch as usual.
+without fake tensors are saved and loaded by torch as usual; a real file read to the host
+comes back with its values where they are small (``host_loads.py``).
 
 So that code which looks for a saved file finds it (``os.path.isfile``, a resume), a path
 that held no file gets a placeholder (a valid file of its format holding one note), removed
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import math
 import os
@@ -58,6 +60,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.fake.fake_fastpaths import fake_empty
 from xmem_engine.tracing.frames import TORCH_DIR, XMEM_DIR, is_user_file, user_frame
+from xmem_engine.tracing.shims.host_loads import file_position, first_location, with_host_values
 from xmem_engine.tracing.patches import patched_attr
 
 
@@ -99,46 +102,6 @@ def _key(f: Any) -> Any:
     if isinstance(f, (str, os.PathLike)):
         return os.path.abspath(os.fspath(f))
     return id(f)
-
-
-class _Found(Exception):
-    pass
-
-
-class _LocationReader(pickle.Unpickler):
-    """Reads a checkpoint's ``data.pkl`` up to its first storage, whose location tag
-    (``"cuda:0"``, ``"cpu"``) it reports; classes resolve to a harmless stand-in, so nothing
-    of the file's code runs."""
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise _Found(pid[3] if isinstance(pid, tuple) and len(pid) > 3 else None)
-
-    def find_class(self, module: str, name: str) -> Any:
-        return lambda *a, **k: None
-
-
-def _first_location(f: Any) -> str | None:
-    """Where a checkpoint's first storage was saved from, without reading tensor data."""
-    import zipfile
-
-    pos = None
-    try:
-        if not isinstance(f, (str, os.PathLike)):
-            pos = f.tell()
-        with zipfile.ZipFile(f) as z:
-            name = next((n for n in z.namelist() if n.endswith("data.pkl")), None)
-            if name is None:
-                return None
-            try:
-                _LocationReader(io.BytesIO(z.read(name))).load()
-            except _Found as found:
-                return found.args[0]
-    except Exception:  # not a zip checkpoint (the legacy format): torch.load decides
-        return None
-    finally:
-        if pos is not None:
-            f.seek(pos)
-    return None
 
 
 def _to_host(location: Any) -> bool | None:
@@ -430,17 +393,29 @@ class Checkpoints:
             return obj if kept is None else self._copy(kept, map_location)
 
         def read(f: Any, map_location: Any, *args: Any, **kwargs: Any) -> Any:
-            key = _key(f)
+            key, pos = _key(f), file_position(f)
             to_gpu = _to_host(map_location) is False
+
+            def reread(mmap: bool) -> Any:  # the same file again, for real (host_loads.py)
+                if pos is not None:
+                    f.seek(pos)
+                return orig(f, "cpu" if map_location is None else map_location, *args, **kwargs, **({"mmap": True} if mmap else {}))
+
+            host = functools.partial(with_host_values, reread=None if pos == -1 else reread, tensors=_tensors,
+                                     mode=self.tracer.fake_mode, room=lambda: KEPT_REAL_BYTES - self._real_bytes,
+                                     spend=self._spend, mmap=pos is None and "mmap" not in kwargs)
             if not to_gpu and map_location is not None:
-                return orig(f, map_location, *args, **kwargs)
-            saved_on = _first_location(f) if map_location is None else None
-            obj = orig(f, "cpu", *args, **kwargs)  # in fake mode: fake tensors, no data read
+                return host(orig(f, map_location, *args, **kwargs))
+            saved_on = first_location(f) if map_location is None else None
+            obj = orig(f, "cpu", *args, **kwargs)  # in fake mode: meta tensors, no data read
             if to_gpu or self.gpu_saved.get(key) or (saved_on or "").startswith("cuda"):
                 return self._copy(obj, "cuda")
-            return obj
+            return host(obj)
 
         return load
+
+    def _spend(self, nbytes: int) -> None:
+        self._real_bytes += nbytes
 
     def _copy(self, obj: Any, map_location: Any) -> Any:
         """A copy of ``obj`` whose tensors are new storages: on the host for a CPU

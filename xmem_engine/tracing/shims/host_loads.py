@@ -1,0 +1,131 @@
+"""``torch.load`` of a real file to the host, in fake mode: the values a host reads, known.
+
+Why: under a fake mode torch reads no tensor data (its storages are made on ``meta``); under
+xmem's modes the tensors it rebuilt on them stayed plain meta tensors, not fake ones. Any value
+read of one then failed ("Tensor.item() cannot be called on meta tensors"): a checkpoint's step
+count, a ``torch.set_rng_state`` of a saved RNG state, and torch.distributed.checkpoint's load,
+which copies each entry it reads to the host into the tensor it fills (a real one for a step
+count: "Cannot copy out of meta tensor").
+
+How: the file is read again without the fake mode, memory-mapped where it is a path (so only
+what is read costs host memory), and each tensor is taken as a real host tensor while
+``budget`` allows (small ones: counts, RNG states, a small model), and as a fake host tensor
+over the same storage layout beyond (the weights of a large pretrained checkpoint: no values,
+no host memory). A file torch cannot read that way (an old format that cannot be mapped and is
+too large to read whole) keeps fake tensors throughout.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import pickle
+from typing import Any, Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+from xmem_engine.tracing.fake.fake_fastpaths import fake_empty
+
+
+def _metas(obj: Any, tensors: Callable[[Any], list | None]) -> list[torch.Tensor]:
+    return [t for t in tensors(obj) or () if t.device.type == "meta" and not isinstance(t, FakeTensor)]
+
+
+def _nbytes(ts: list[torch.Tensor]) -> int:
+    return sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in ts}.values())
+
+
+def with_host_values(obj: Any, *, reread: Callable[[bool], Any] | None, tensors: Callable[[Any], list | None],
+                     mode: Any, room: Callable[[], int], spend: Callable[[int], None], mmap: bool) -> Any:
+    """``obj`` (what torch.load gave under the fake mode) with its meta tensors replaced: real
+    host tensors while ``room()`` bytes are left of the budget (each ``spend``s it), fake host
+    tensors after. ``reread(mmap)`` loads the same file again, for real."""
+    metas = _metas(obj, tensors)
+    if not metas or mode is None:
+        return obj
+    real = None
+    if reread is not None and (mmap or _nbytes(metas) <= room()):
+        try:
+            with unset_fake_temporarily():
+                real = reread(mmap)
+        except Exception:  # noqa: BLE001 - a file torch cannot map or read again: fake throughout
+            real = None
+    reals = tensors(real) if real is not None else None
+    if reals is None or len(reals) != len(tensors(obj) or ()):
+        reals, real = list(tensors(obj) or ()), obj  # fake tensors in the meta tensors' layout
+    memo: dict[int, Any] = {}
+    by_storage: dict[int, torch.Tensor] = {}  # a storage's replacement (real copy or fake bytes): aliases stay aliases
+    for t in reals:
+        st = t.untyped_storage()
+        base = by_storage.get(st._cdata)
+        if base is None:
+            n = st.nbytes()
+            if t.device.type != "meta" and n <= room():
+                spend(n)
+                with unset_fake_temporarily(), torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():
+                    base = torch.empty(n, dtype=torch.uint8)
+                    base.untyped_storage().copy_(st)  # off the file's mapping: the file may change later
+            else:
+                base = fake_empty(mode, (n,), None, torch.uint8, torch.device("cpu"))
+            by_storage[st._cdata] = base
+        with torch.no_grad():
+            if isinstance(base, FakeTensor):
+                new = base.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
+            else:
+                with torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():
+                    new = torch.empty(0, dtype=t.dtype).set_(base.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        memo[id(t)] = torch.nn.Parameter(new, t.requires_grad) if isinstance(t, torch.nn.Parameter) \
+            else new.requires_grad_(t.requires_grad)
+    return copy.deepcopy(real, memo)
+
+
+class _Found(Exception):
+    pass
+
+
+class _LocationReader(pickle.Unpickler):
+    """Reads a checkpoint's ``data.pkl`` up to its first storage, whose location tag
+    (``"cuda:0"``, ``"cpu"``) it reports; classes resolve to a harmless stand-in, so nothing
+    of the file's code runs."""
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _Found(pid[3] if isinstance(pid, tuple) and len(pid) > 3 else None)
+
+    def find_class(self, module: str, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+def first_location(f: Any) -> str | None:
+    """Where a checkpoint's first storage was saved from, without reading tensor data."""
+    import zipfile
+
+    pos = None
+    try:
+        if not isinstance(f, (str, os.PathLike)):
+            pos = f.tell()
+        with zipfile.ZipFile(f) as z:
+            name = next((n for n in z.namelist() if n.endswith("data.pkl")), None)
+            if name is None:
+                return None
+            try:
+                _LocationReader(io.BytesIO(z.read(name))).load()
+            except _Found as found:
+                return found.args[0]
+    except Exception:  # not a zip checkpoint (the legacy format): torch.load decides
+        return None
+    finally:
+        if pos is not None:
+            f.seek(pos)
+    return None
+
+
+def file_position(f: Any) -> int | None:
+    """Where a file object is, to read it again from there; None for a path."""
+    if isinstance(f, (str, os.PathLike)):
+        return None
+    try:
+        return f.tell()
+    except Exception:  # noqa: BLE001 - a stream that cannot tell cannot be read twice
+        return -1
