@@ -282,3 +282,26 @@ def test_weights_read_back_to_the_host_are_real_zeros_only_up_to_a_budget(tmp_pa
     assert ns["zeros"][0] is True  # what is real reads as zeros, as before
     assert ns["devices"] == {"cpu"}
     assert not [e for e in tr.events if e.kind == "alloc" and e.source.endswith((":6", ":8"))]  # host loads
+
+
+@pytest.mark.parametrize("device", ["0", "'cuda:0'", "'cpu'"])
+def test_a_safetensors_file_on_disk_opens_on_a_device_given_by_index(tmp_path, device):
+    # safetensors takes a GPU index (accelerate's load_checkpoint_and_dispatch passes one):
+    # with an int, safetensors built its tensors through torch.asarray(storage), which the
+    # tracer's modes refused ("could not determine the shape of object type 'UntypedStorage'")
+    st = pytest.importorskip("safetensors.torch")
+    import torch
+
+    st.save_file({"w": torch.ones(64, 64), "b": torch.arange(4.0)}, str(tmp_path / "m.safetensors"))
+    src = f"""
+from safetensors.torch import load_file
+from safetensors import safe_open
+d = load_file({str(tmp_path / "m.safetensors")!r}, device={device})
+with safe_open({str(tmp_path / "m.safetensors")!r}, framework="pt", device={device}) as f:
+    b = f.get_tensor("b")
+where = sorted({{str(t.device) for t in (*d.values(), b)}})
+"""
+    for mode in ("fake", "real"):
+        ns: dict = {}
+        trace(src, ns, mode=mode)
+        assert ns["where"] == (["cpu"] if device == "'cpu'" else ["cuda:0"]), (mode, ns["where"])

@@ -515,6 +515,8 @@ class Checkpoints:
     def safe_open(self, orig: Any) -> Any:
         def safe_open(filename: Any, framework: str = "pt", device: Any = "cpu", *args: Any, **kwargs: Any) -> Any:
             kept = None
+            if isinstance(device, int) and not isinstance(device, bool):  # an index: safetensors
+                device = f"cuda:{device}"  # then builds through torch.asarray(storage), which the modes refuse
             if isinstance(filename, (str, os.PathLike)):
                 kept = self.safetensors.get(os.path.abspath(os.fspath(filename)))
             if kept is None:
