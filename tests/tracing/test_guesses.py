@@ -283,3 +283,19 @@ print([(w.filename, w.lineno) for w in caught if "to a scalar" in str(w.message)
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[('<cell>', 4)]"  # (torch 2.10 to 2.14 warn of it)
+
+
+def test_float_of_an_integer_or_bool_tensor_is_a_float():
+    # PyTorch's pruning tutorial: float(torch.sum(w == 0)) / w.nelement(); a guessed count was
+    # an int, which float() refuses ("__float__ returned non-float (type FakeInt)")
+    src = """
+import torch
+w = torch.nn.Linear(256, 256).cuda().weight
+zeros = float(torch.sum(w == 0))
+flag = float(w.abs().max() > 1)
+count = int(torch.sum(w > 0))
+kinds = type(zeros).__mro__[-2].__name__, type(flag).__mro__[-2].__name__, type(count).__mro__[-2].__name__
+"""
+    ns: dict = {}
+    trace(src, ns, mode="fake")
+    assert ns["kinds"] == ("float", "float", "int")

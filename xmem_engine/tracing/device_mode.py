@@ -312,8 +312,9 @@ class DeviceMode(TorchFunctionMode):
         g.defer += 1
         try:
             return warning_where_torch_would(lambda: func(*args, **kwargs))
-        except NeedsRealValues:
-            return placeholder(args[0].dtype, g.scalar(args[0]), g.decide)
+        except NeedsRealValues:  # (float() of an integer or bool tensor is a float, as torch's is)
+            dtype = torch.float64 if func is _T.__float__ and not args[0].dtype.is_floating_point else args[0].dtype
+            return placeholder(dtype, g.scalar(args[0]), g.decide)
         finally:
             g.defer -= 1
 
