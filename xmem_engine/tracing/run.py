@@ -70,6 +70,7 @@ from xmem_engine.tracing.shims.bitsandbytes_shim import bitsandbytes_on_gpu
 from xmem_engine.tracing.shims.checkpoints import kept_in_memory
 from xmem_engine.tracing.shims.data_parallel import data_parallel_on_gpu
 from xmem_engine.tracing.shims.flash_attention import flash_attn_on_gpu
+from xmem_engine.tracing.shims.legacy_types import legacy_tensor_types
 from xmem_engine.tracing.shims.scalar_arguments import numbers_from_fake_tensors
 from xmem_engine.tracing.fake.guesses import GUESS_HEADLINE, Guesses
 from xmem_engine.tracing.steady import bind as steady_bind, steady_code
@@ -508,6 +509,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         if tracer.fake:
             stack.enter_context(patched_attr(FakeTensor, "device", fake_device_property(tracer, device_mode)))
         stack.enter_context(device_mode)
+        stack.enter_context(legacy_tensor_types(device_mode))  # torch.cuda.FloatTensor and kin
         stack.enter_context(patched_attr(torch.autograd, "_engine_run_backward",
                                          device_mode.in_backward_engine(torch.autograd._engine_run_backward,
                                                                         alloc_mode.backward_writes.forget)))
