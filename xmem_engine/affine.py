@@ -145,3 +145,18 @@ def varies(t: Any) -> bool:
     if isinstance(t, dict):
         return any(varies(v) for v in t.values())
     return False
+
+
+def steps(t: Any) -> list[int]:
+    """The slopes of a template's lines, in the order they occur: two lines through samples of
+    the same quantity at different offsets move alike if it is linear (or padded), not if it
+    grows faster (n x n), which any two samples also fit."""
+    if isinstance(t, Linear):
+        return [t.slope]
+    if isinstance(t, Text):
+        return [s for p in t.parts if not isinstance(p, str) for s in steps(p)]
+    if isinstance(t, (list, tuple)):
+        return [s for x in t for s in steps(x)]
+    if isinstance(t, dict):
+        return [s for v in t.values() for s in steps(v)]
+    return []

@@ -254,3 +254,17 @@ def test_a_static_cache_step_compiled_by_generate_is_made_too(monkeypatch):
         out[flag] = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["1"]["rows"] == out["0"]["rows"] and out["1"]["gemm_into"] == out["0"]["gemm_into"]
     assert out["1"]["notes"] and int(out["1"]["notes"][0].split()[1]) >= 20 and not out["0"]["notes"]
+
+
+def test_steps_that_grow_faster_than_a_line_run_for_real(monkeypatch):
+    """Without a cache (``use_cache=False``, as a trainer generating from a model that
+    checkpoints its activations may), every step runs the whole sequence: its attention is
+    n x n, quadratic in the step's number. Sixteen lines of two calls each (one per residue
+    modulo 16) fitted it anyway, two points making a line of anything, and the steps made from
+    them were off (TRL's OnlineDPO: 'did not match' at every check). Residues whose lines have
+    the same structure must move by the same steps, as sizes linear or padded do."""
+    src = LLAMA.replace("NEW", "40").replace("KW", "use_cache=False").replace(
+        "from_config(cfg,", "from_config(cfg, attn_implementation='eager',")
+    made, real = _both(monkeypatch, src)
+    _assert_same(made, real)
+    assert not any("did not match" in n for n in made.meta["notes"])

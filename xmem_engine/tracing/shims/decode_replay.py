@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from xmem_engine.affine import NotAffine, OutOfRange, anchored, evaluate, fit, rebase, varies
+from xmem_engine.affine import NotAffine, OutOfRange, anchored, evaluate, fit, rebase, steps, varies
 from xmem_engine.trace import ALLOC, FREE, TraceEvent
 from xmem_engine.tracing.shims.decode_forms import (VALUE, NotReplayable, call_form, extent, get, numbers_of, put,
                                                     recipe_leaves, signature, snapshot, state, tensor_meta)
@@ -228,6 +228,10 @@ def _family_in_one_period(recent: list[tuple[int, tuple]], period: int = 16) -> 
             own[r] = (line, [varies(row) for row in line[0]])
     if not own:
         return None
+    moves: dict[int, list[int]] = {}  # lines of one structure (as many slopes) move alike, or none is a line
+    for line, _ in own.values():
+        if moves.setdefault(len(s := steps(line)), s) != s:
+            return None
     templates: list = [own[r][0] if r in own else None for r in range(period)]
     rows_vary: list = [own[r][1] if r in own else None for r in range(period)]
     for r in range(period):
