@@ -65,7 +65,10 @@ def _refused(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and REFUSAL in str(exc)
 
 
-def _overload_call(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _retrying(orig: Callable[..., Any], overloads: Callable[[Any], list], call: Callable[..., Any]) -> Callable[..., Any]:
+    """``orig`` (an op's ``__call__``), retried on C++'s refusal with each overload of
+    ``overloads(self)`` whose schema reads a number from a tensor, called by ``call``."""
+
     @functools.wraps(orig)
     def __call__(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -73,39 +76,23 @@ def _overload_call(orig: Callable[..., Any]) -> Callable[..., Any]:
         except RuntimeError as exc:
             if not _refused(exc):
                 raise
-            read = numbers_read(self._schema, args, kwargs)
-            if read is None:
-                raise
-        return orig(self, *read[0], **read[1])
+            refusal = str(exc)  # (the message: the exception's traceback would hold the call's tensors)
+        return _each_overload(overloads(self), call, args, kwargs, refusal)
 
     return __call__
 
 
-def _packet_call(orig: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(orig)
-    def __call__(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return orig(self, *args, **kwargs)
-        except RuntimeError as exc:
-            if not _refused(exc):
-                raise
-        return _each_overload(self, args, kwargs)
-
-    return __call__
-
-
-def _each_overload(packet: Any, args: tuple, kwargs: dict) -> Any:
-    """The packet's own choice of overload failed before it chose: each overload whose schema
-    reads a number from a tensor, in turn. No exception is kept past the call (an exception's
-    traceback holds the frames, and so the tensors, of the call: they would be freed late)."""
+def _each_overload(overloads: list, call: Callable[..., Any], args: tuple, kwargs: dict, refusal: str) -> Any:
+    """Each overload whose schema reads a number from a tensor, in turn (a packet's own choice
+    failed before it chose). No exception is kept past the call: an exception's traceback holds
+    the frames, and so the tensors, of the call, which would be freed late."""
     errors: list[BaseException] = []
-    for name in packet.overloads():
-        overload = getattr(packet, name)
+    for overload in overloads:
         read = numbers_read(overload._schema, args, kwargs)
         if read is None:
             continue
         try:
-            result = overload(*read[0], **read[1])
+            result = call(overload, *read[0], **read[1])
         except (RuntimeError, TypeError) as exc:  # another overload's schema, or the op's own error
             errors.append(exc)
             continue
@@ -113,8 +100,7 @@ def _each_overload(packet: Any, args: tuple, kwargs: dict) -> Any:
         return result
     if len(errors) == 1:
         raise errors[0]
-    raise RuntimeError(f"{packet}: no overload takes these arguments with each 0-dim tensor given for a number "
-                       "read as that number" + "".join(f"\n{type(e).__name__}: {e}" for e in errors))
+    raise RuntimeError(refusal + "".join(f"\n{type(e).__name__}: {e}" for e in errors))
 
 
 @contextlib.contextmanager
@@ -122,6 +108,9 @@ def numbers_from_fake_tensors() -> Iterator[None]:
     """For the duration of a fake trace: ops given a 0-dim tensor for a number read it."""
     from torch._ops import OpOverload, OpOverloadPacket
 
-    with patched_attr(OpOverloadPacket, "__call__", _packet_call(OpOverloadPacket.__call__)), \
-            patched_attr(OpOverload, "__call__", _overload_call(OpOverload.__call__)):
+    packet_call, overload_call = OpOverloadPacket.__call__, OpOverload.__call__
+    packet = _retrying(packet_call, lambda p: [getattr(p, name) for name in p.overloads()],
+                       lambda ov, *a, **k: ov(*a, **k))
+    overload = _retrying(overload_call, lambda ov: [ov], overload_call)
+    with patched_attr(OpOverloadPacket, "__call__", packet), patched_attr(OpOverload, "__call__", overload):
         yield
