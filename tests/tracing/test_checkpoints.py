@@ -173,6 +173,7 @@ def test_a_real_file_read_to_the_host_keeps_its_values(tmp_path, monkeypatch):
     emb = torch.randn(512, 256)
     torch.save({"step": torch.tensor(7.0), "rng": torch.get_rng_state(), "emb": emb, "head": emb,
                 "big": torch.ones(1024, 1024)}, tmp_path / "ckpt.pt")
+    torch.save({"epoch": torch.tensor(3)}, tmp_path / "old.pt", _use_new_zipfile_serialization=False)  # no mmap
     monkeypatch.setattr(checkpoints, "KEPT_REAL_BYTES", 1 << 20)  # the 4 MiB "big" is past it
     src = f"""
 import io
@@ -187,11 +188,12 @@ buf = io.BytesIO()
 torch.save({{"n": torch.tensor([1, 2, 3])}}, buf)
 buf.seek(0)
 from_buffer = torch.load(buf)["n"].tolist()
+epoch = int(torch.load({str(tmp_path / "old.pt")!r})["epoch"])
 """
     ns: dict = {}
     tr = trace(src, ns, mode="fake")
     assert tr.mode == "fake"
-    assert ns["step"] == 7.0 and ns["tied"] and ns["from_buffer"] == [1, 2, 3]
+    assert ns["step"] == 7.0 and ns["tied"] and ns["from_buffer"] == [1, 2, 3] and ns["epoch"] == 3
     assert abs(ns["emb_sum"] - float(emb.sum())) < 1e-3
     assert ns["big"] == ("FakeTensor", "cpu", (1024, 1024))
 

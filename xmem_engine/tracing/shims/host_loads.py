@@ -8,11 +8,11 @@ which copies each entry it reads to the host into the tensor it fills (a real on
 count: "Cannot copy out of meta tensor").
 
 How: the file is read again without the fake mode, memory-mapped where it is a path (so only
-what is read costs host memory), and each tensor is taken as a real host tensor while
-``budget`` allows (small ones: counts, RNG states, a small model), and as a fake host tensor
-over the same storage layout beyond (the weights of a large pretrained checkpoint: no values,
-no host memory). A file torch cannot read that way (an old format that cannot be mapped and is
-too large to read whole) keeps fake tensors throughout.
+what is read costs host memory), and each tensor is taken as a real host tensor while the
+budget of host values lasts (small ones: counts, RNG states, a small model), and as a fake host
+tensor over the same storage layout beyond (the weights of a large pretrained checkpoint: no
+values, no host memory). A file torch cannot read that way (an old format that cannot be
+mapped, and too large to read whole) keeps fake tensors throughout.
 """
 
 from __future__ import annotations
@@ -46,11 +46,14 @@ def with_host_values(obj: Any, *, reread: Callable[[bool], Any] | None, tensors:
     if not metas or mode is None:
         return obj
     real = None
-    if reread is not None and (mmap or _nbytes(metas) <= room()):
+    for mapped in ((True, False) if mmap else (False,)) if reread is not None else ():
+        if not mapped and _nbytes(metas) > room():
+            break
         try:
             with unset_fake_temporarily():
-                real = reread(mmap)
-        except Exception:  # noqa: BLE001 - a file torch cannot map or read again: fake throughout
+                real = reread(mapped)
+            break
+        except Exception:  # noqa: BLE001 - a file torch cannot map (the legacy format) or read again
             real = None
     reals = tensors(real) if real is not None else None
     if reals is None or len(reals) != len(tensors(obj) or ()):
