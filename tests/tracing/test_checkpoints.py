@@ -3,6 +3,8 @@ the traced code returns a copy allocated where map_location puts it, as a real l
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 
 from tests.tracing.test_shadow_values import alloc_stream
@@ -224,4 +226,7 @@ def test_torch_distributed_checkpoint_round_trip_in_one_process(tmp_path):
     fake = trace(DCP, {"PATH": str(tmp_path / "fake")}, mode="fake")
     real = trace(DCP, {"PATH": str(tmp_path / "real")}, mode="real")
     assert fake.mode == "fake"
-    assert alloc_stream(fake) == alloc_stream(real)
+    a, b = alloc_stream(fake), alloc_stream(real)
+    last = max(i for i, (kind, _) in enumerate(a) if kind == "alloc") + 1
+    # the same requests in order; what is left when the code ends dies in the collector's order
+    assert a[:last] == b[:last] and collections.Counter(a[last:]) == collections.Counter(b[last:])
