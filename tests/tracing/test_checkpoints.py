@@ -230,3 +230,25 @@ def test_torch_distributed_checkpoint_round_trip_in_one_process(tmp_path):
     last = max(i for i, (kind, _) in enumerate(a) if kind == "alloc") + 1
     # the same requests in order; what is left when the code ends dies in the collector's order
     assert a[:last] == b[:last] and collections.Counter(a[last:]) == collections.Counter(b[last:])
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_a_map_location_function_or_dict_sends_storages_where_it_says(tmp_path, mode):
+    # the old idioms: torch refused a function under the fake mode ("Callable map_location not
+    # supported"), and storage.cuda() asked the driver in either mode
+    import torch
+
+    torch.save({"w": torch.ones(64, 64), "step": torch.tensor(9)}, tmp_path / "ckpt.pt")
+    src = f"""
+import torch
+path = {str(tmp_path / "ckpt.pt")!r}
+host = torch.load(path, map_location=lambda storage, loc: storage)
+step = int(host["step"])
+gpu = torch.load(path, map_location=lambda storage, loc: storage.cuda())
+mapped = torch.load(path, map_location={{"cpu": "cuda:0"}})
+where = str(host["w"].device), str(gpu["w"].device), str(mapped["w"].device)
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode=mode)
+    assert ns["where"] == ("cpu", "cuda:0", "cuda:0") and ns["step"] == 9
+    assert [e.bytes for e in tr.events if e.kind == "alloc"] == [64 * 64 * 4, 8] * 2  # the two GPU loads

@@ -60,7 +60,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.fake.fake_fastpaths import fake_empty
 from xmem_engine.tracing.frames import TORCH_DIR, XMEM_DIR, is_user_file, user_frame
-from xmem_engine.tracing.shims.host_loads import file_position, first_location, with_host_values
+from xmem_engine.tracing.shims.host_loads import file_position, first_location, resolved_location, with_host_values
 from xmem_engine.tracing.patches import patched_attr
 
 
@@ -394,6 +394,7 @@ class Checkpoints:
 
         def read(f: Any, map_location: Any, *args: Any, **kwargs: Any) -> Any:
             key, pos = _key(f), file_position(f)
+            map_location = resolved_location(map_location, f)  # a function or dict: where it sends storages
             to_gpu = _to_host(map_location) is False
 
             def reread(mmap: bool) -> Any:  # the same file again, for real (host_loads.py)

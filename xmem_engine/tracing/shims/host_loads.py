@@ -132,3 +132,43 @@ def file_position(f: Any) -> int | None:
         return f.tell()
     except Exception:  # noqa: BLE001 - a stream that cannot tell cannot be read twice
         return -1
+
+
+class _WhereTo:
+    """A storage stand-in for a ``map_location`` function: records where the function sends it."""
+
+    def __init__(self) -> None:
+        self.where = "cpu"  # torch hands the function a storage already read to the host
+
+    def cuda(self, *args: Any, **kwargs: Any) -> "_WhereTo":
+        self.where = "cuda"
+        return self
+
+    def cpu(self) -> "_WhereTo":
+        self.where = "cpu"
+        return self
+
+    def to(self, device: Any = None, *args: Any, **kwargs: Any) -> "_WhereTo":
+        if device is not None:
+            self.where = torch.device(device).type
+        return self
+
+
+def resolved_location(map_location: Any, f: Any) -> Any:
+    """A function or dict ``map_location`` as the device it sends this file's storages to
+    ("cpu", "cuda"), or None for where they were saved. Torch refuses a function under a fake
+    mode ("Callable map_location not supported"), and ``storage.cuda()`` in one (the old
+    ``lambda storage, loc: storage.cuda()``) would ask the driver."""
+    if not callable(map_location) and not isinstance(map_location, dict):
+        return map_location
+    saved = first_location(f) or "cpu"
+    if isinstance(map_location, dict):
+        return map_location.get(saved, saved)
+    probe = _WhereTo()
+    try:
+        sent = map_location(probe, saved)
+    except Exception:  # noqa: BLE001 - a function that does more with the storage: to the host, as torch reads it
+        return "cpu"
+    if sent is None:
+        return None
+    return probe.where if sent is probe else "cpu"
