@@ -29,10 +29,6 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from xmem_engine.tracing.fake.fake_fastpaths import fake_empty
 
 
-def _metas(obj: Any, tensors: Callable[[Any], list | None]) -> list[torch.Tensor]:
-    return [t for t in tensors(obj) or () if t.device.type == "meta" and not isinstance(t, FakeTensor)]
-
-
 def _nbytes(ts: list[torch.Tensor]) -> int:
     return sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in ts}.values())
 
@@ -42,8 +38,11 @@ def with_host_values(obj: Any, *, reread: Callable[[bool], Any] | None, tensors:
     """``obj`` (what torch.load gave under the fake mode) with its meta tensors replaced: real
     host tensors while ``room()`` bytes are left of the budget (each ``spend``s it), fake host
     tensors after. ``reread(mmap)`` loads the same file again, for real."""
-    metas = _metas(obj, tensors)
-    if not metas or mode is None:
+    if mode is None:  # real mode: torch read the values
+        return obj
+    found = tensors(obj) or []
+    metas = [t for t in found if t.device.type == "meta" and not isinstance(t, FakeTensor)]
+    if not metas:
         return obj
     real = None
     for mapped in ((True, False) if mmap else (False,)) if reread is not None else ():
@@ -56,8 +55,8 @@ def with_host_values(obj: Any, *, reread: Callable[[bool], Any] | None, tensors:
         except Exception:  # noqa: BLE001 - a file torch cannot map (the legacy format) or read again
             real = None
     reals = tensors(real) if real is not None else None
-    if reals is None or len(reals) != len(tensors(obj) or ()):
-        reals, real = list(tensors(obj) or ()), obj  # fake tensors in the meta tensors' layout
+    if reals is None or len(reals) != len(found):
+        reals, real = found, obj  # fake tensors in the meta tensors' layout
     memo: dict[int, Any] = {}
     by_storage: dict[int, torch.Tensor] = {}  # a storage's replacement (real copy or fake bytes): aliases stay aliases
     for t in reals:
