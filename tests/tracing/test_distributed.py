@@ -226,10 +226,21 @@ def test_fsdp2_unshards_one_block_at_a_time(mode):
     it, every block stays unsharded from its forward to its backward."""
     world = 4
     shard = 4 * PSI // world
-    most = max(by.get("parameter", 0) for _, by in _live(_fsdp2(mode, world, reshard=True)))
+    most = max(by.get("parameter", 0) for _, by in _training(_fsdp2(mode, world, reshard=True)))
     assert shard + 4 * BLOCK <= most <= shard + 2 * 4 * BLOCK
-    most = max(by.get("parameter", 0) for _, by in _live(_fsdp2(mode, world, reshard=False)))
+    most = max(by.get("parameter", 0) for _, by in _training(_fsdp2(mode, world, reshard=False)))
     assert most >= shard + 4 * PSI - 4 * BLOCK
+    # before fully_shard, .cuda() put the whole model on every rank: parameters from then on
+    assert max(by.get("parameter", 0) for _, by in _live(_fsdp2(mode, world))) >= 4 * PSI
+
+
+def _training(tr):
+    """``_live`` from the first forward on (after fully_shard has sharded the model)."""
+    started = False
+    for e, by in _live(tr):
+        started = started or e.phase == "forward"
+        if started:
+            yield e, by
 
 
 def test_fsdp2_collectives_run_on_their_own_streams():

@@ -263,6 +263,22 @@ def test_frees_carry_the_final_category_of_their_allocation():
     assert frees and all(e.category == by_id[e.id].category and e.bytes == by_id[e.id].bytes for e in frees)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_weights_moved_by_cuda_are_parameters_even_if_replaced_before_a_forward(mode):
+    # torchao's quantize_ after .cuda(): the original weights die before any forward; they were
+    # left "input" (what --max-batch scales with the batch), not the model's parameters
+    def fn():
+        model = nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 1024)).cuda()
+        model[1].weight = nn.Parameter(torch.empty(1024, 512, dtype=torch.float16, device="cuda"))
+        model[0](torch.randn(4, 256, device="cuda"))
+
+    tr = trace(fn, mode=mode)
+    moved = [e for e in allocs(tr) if e.op == "aten._to_copy.default"]
+    assert sorted(e.bytes for e in moved) == [512 * 4, 1024 * 4, 256 * 512 * 4, 512 * 1024 * 4]
+    assert {e.category for e in moved} == {"parameter"}
+    assert {e.module for e in moved} == {"0", "1"}
+
+
 def test_zero_grad_without_set_to_none_keeps_gradients():
     def step():
         model = nn.Linear(16, 16).cuda()

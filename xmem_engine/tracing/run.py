@@ -404,6 +404,29 @@ def _note_hub_kernels(tracer: Tracer) -> None:
             "transformers 5 may swap some layers for kernels downloaded from the Hub, which can hold less memory")
 
 
+def _classifying_apply(tracer: Tracer) -> Callable:
+    """``Module._apply`` (``.cuda()``, ``.to()``, ``.half()``) whose outermost call names what it moved.
+
+    A model's weights are parameters from ``.cuda()`` on, not only from its first forward: one
+    replaced before any forward (torchao's ``quantize_``, a head swapped) was otherwise left an
+    "input", and inputs are what ``--max-batch`` scales with the batch.
+    """
+    depth = 0
+
+    def _apply(self: torch.nn.Module, fn: Callable, recurse: bool = True) -> torch.nn.Module:
+        nonlocal depth
+        depth += 1
+        try:
+            out = module_apply(self, fn, recurse)
+        finally:
+            depth -= 1
+        if not depth:
+            tracer.classify_modules([self])
+        return out
+
+    return _apply
+
+
 def _classify_leftovers(tracer: Tracer, values: Iterable[Any]) -> None:
     """Name and classify what the code leaves behind (a model built but never run)."""
     for v in values:
@@ -438,7 +461,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
         # paths as fake tensors.
         stack.enter_context(mkldnn_disabled())
         stack.enter_context(cudnn_refused())
-        stack.enter_context(patched_attr(torch.nn.Module, "_apply", module_apply))
+        stack.enter_context(patched_attr(torch.nn.Module, "_apply", _classifying_apply(tracer)))
         # Worker processes would run the dataset outside the tracer's control (and fork
         # its modes): load in-process. torch.compile runs the code eagerly.
         stack.enter_context(patched_attr(torch.utils.data.DataLoader, "_get_iterator", in_process_iterator))
