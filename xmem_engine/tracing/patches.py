@@ -238,6 +238,22 @@ def fake_parameter_new(fake_mode: Any) -> Callable:
     return __new__
 
 
+def storage_from_buffer() -> classmethod:
+    """Fake mode: ``UntypedStorage.from_buffer`` makes a host storage of the bytes, as it does
+    on a GPU run. Under a fake mode torch makes a meta storage, which ``torch.ByteTensor(s)``
+    refuses: ``torch.distributed``'s object collectives (``broadcast_object_list``,
+    ``all_gather_object``: Lightning's and accelerate's broadcasts) pickle through it."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    orig = torch.UntypedStorage.from_buffer
+
+    def from_buffer(cls: type, *args: Any, **kwargs: Any) -> torch.UntypedStorage:
+        with unset_fake_temporarily():
+            return orig(*args, **kwargs)
+
+    return classmethod(from_buffer)
+
+
 def fake_tensor_as_parameter_class() -> staticmethod:
     """Fake mode: ``type(param)(data, requires_grad=...)`` makes a parameter, as it does on a GPU.
 

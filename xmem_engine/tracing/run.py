@@ -54,6 +54,7 @@ from xmem_engine.tracing.patches import (
     logger_level,
     mkldnn_disabled,
     module_apply,
+    storage_from_buffer,
     on_import,
     outside_mode,
     patched_attr,
@@ -527,6 +528,7 @@ def recording(tracer: Tracer) -> Iterator[Tracer]:
             tracer.guesses = Guesses(tracer.shadows, fake_mode)
             stack.enter_context(patched_attr(torch.nn.Parameter, "__new__", fake_parameter_new(fake_mode)))
             stack.enter_context(patched_attr(FakeTensor, "__new__", fake_tensor_as_parameter_class()))
+            stack.enter_context(patched_attr(torch.UntypedStorage, "from_buffer", storage_from_buffer()))
         alloc_mode = stack.enter_context(AllocMode(tracer))
         device_mode = tracer.device_mode = DeviceMode(tracer)
         if tracer.fake:
