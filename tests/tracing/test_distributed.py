@@ -357,3 +357,62 @@ def test_a_functional_all_reduce_makes_its_output_once(mode):
     outputs = [e.bytes for e in forward if e.bytes == 16 * 1024 * 4 and "c10d" not in e.op]
     assert len(outputs) >= 2  # the row-wise output, and its all-reduced copy
     assert not [e for e in tr.events if e.kind == "alloc" and "wait_tensor" in e.op]
+
+
+SPAWN = """
+import os
+import torch, torch.nn as nn, torch.distributed as dist, torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def demo(rank, world_size, seen):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "localhost", "12355"
+    dist.init_process_group("nccl", rank=rank, world_size=world_size)
+    seen.append(rank)
+    box = [{"run": "abc", "rank": rank}]
+    dist.broadcast_object_list(box, src=0)       # Lightning's and accelerate's broadcasts
+    seen.append(box[0]["run"])
+    model = DDP(nn.Linear(1024, 1024).to(rank), device_ids=[rank])
+    model(torch.randn(64, 1024, device=rank)).sum().backward()
+    dist.destroy_process_group()
+
+seen = []
+ctx = mp.spawn(demo, args=(NPROCS, seen), nprocs=NPROCS, join=JOIN)
+if ctx is not None:
+    while not ctx.join():
+        pass
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("join", [True, False])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_mp_spawn_runs_the_traced_ranks_process_here(mode, join, rank):
+    """PyTorch's DDP tutorial starts one process per GPU with mp.spawn; a child would run
+    outside the tracer (no GPU there). The traced rank's process runs here, its collectives
+    (an object broadcast too: pickled through a host storage) on the fake group."""
+    ns: dict = {}
+    tr = trace(SPAWN.replace("NPROCS", "2").replace("JOIN", str(join)), ns, mode=mode, world=World(2, rank=rank))
+    assert ns["seen"] == [rank, "abc"]
+    assert any("torch.multiprocessing started 2 processes" in n and f"process {rank} ran in this one" in n
+               for n in tr.meta["notes"])
+    assert any(e.kind == "alloc" and e.category == Category.COMMUNICATION for e in tr.events)  # DDP's bucket
+
+
+def test_mp_spawn_of_more_processes_than_the_world_says_which_world_to_estimate():
+    with pytest.raises(ValueError, match="starts 4 processes .* --world-size 4"):
+        trace(SPAWN.replace("NPROCS", "4").replace("JOIN", "True"), {}, mode="fake", world=World(2))
+    ns: dict = {}
+    trace(SPAWN.replace("NPROCS", "1").replace("JOIN", "True"), ns, mode="fake")  # a plain run: one process
+    assert ns["seen"] == [0, "abc"]
+
+
+def test_an_error_in_the_spawned_function_is_shown_at_its_line():
+    """The traceback runs through xmem's mp.spawn into the function, to the line that failed."""
+    import traceback
+
+    src = ("import torch, torch.multiprocessing as mp\ndef fn(rank):\n"
+           "    torch.ones(2, device='cuda') @ torch.ones(3, device='cuda')\nmp.spawn(fn, nprocs=1)\n")
+    with pytest.raises(RuntimeError) as ei:
+        trace(src, {}, mode="fake")
+    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(ei.value.__traceback__)]
+    assert [line for name, line in frames if name == "<cell>"] == [4, 3] and frames[-1] == ("<cell>", 3)

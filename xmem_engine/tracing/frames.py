@@ -158,8 +158,12 @@ def trim_traceback(e: BaseException) -> bool:
         frames.append(t)
         t = t.tb_next
     if frames[-1].tb_frame.f_code.co_filename.startswith(TORCH_DIR) or getattr(e, RAISED_AS_TORCH, False):
-        for prev, cur in zip(frames, frames[1:]):
-            if cur.tb_frame.f_code.co_filename.startswith(XMEM_DIR):
+        # from the last frame of code that is neither torch's nor xmem's: a shim that calls back
+        # into the code (mp.spawn's function, run here) keeps the frames below it
+        names = [t.tb_frame.f_code.co_filename for t in frames]
+        last = max((i for i, n in enumerate(names) if not n.startswith((TORCH_DIR, XMEM_DIR))), default=0)
+        for prev, cur, name in zip(frames[last:], frames[last + 1:], names[last + 1:]):
+            if name.startswith(XMEM_DIR):
                 prev.tb_next = None
                 break
     return True

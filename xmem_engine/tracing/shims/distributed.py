@@ -35,6 +35,7 @@ import torch
 
 from xmem_engine.trace import Category
 from xmem_engine.tracing.patches import patched_attr
+from xmem_engine.tracing.shims.process_spawn import processes_in_process
 from xmem_engine.tracing.scope import Device
 
 # torchrun's environment for one rank (torch/distributed/elastic/agent/server/api.py)
@@ -472,6 +473,49 @@ def _dtensor_patches(stack: contextlib.ExitStack) -> None:
         _replace_everywhere(stack, rebuild, "_rebuild_tensor_from_dtensor_meta", on_host)
 
 
+def _object_collectives(stack: contextlib.ExitStack) -> None:
+    """torch.distributed's collectives of pickled objects, as the fake group's tensor collectives
+    behave: every rank holds what this one holds. Their bytes travel in small tensors whose
+    values the group does not carry, so a rank other than the source unpickled nothing
+    ("Ran out of input": ``broadcast_object_list`` traced as rank 1; Lightning's and
+    accelerate's broadcasts use it). Their memory is a few KB; none is recorded."""
+    import copy
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    def others(obj: Any) -> Any:  # another rank's copy arrives unpickled: a copy of its own
+        try:
+            return copy.deepcopy(obj)
+        except Exception:
+            return obj
+
+    def group_rank(group: Any) -> int:
+        return dist.get_rank() if group is None else dist.get_rank(group)
+
+    def broadcast_object_list(object_list: list, *args: Any, **kwargs: Any) -> None:
+        return None  # the source's objects are this rank's
+
+    def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
+        mine = group_rank(group)
+        for i in range(len(object_list)):
+            object_list[i] = obj if i == mine else others(obj)
+
+    def gather_object(obj: Any, object_gather_list: list | None = None, *args: Any, **kwargs: Any) -> None:
+        if object_gather_list is not None:  # the destination rank
+            all_gather_object(object_gather_list, obj, kwargs.get("group", args[1] if len(args) > 1 else None))
+
+    def scatter_object_list(output: list, input: list | None = None, *args: Any, **kwargs: Any) -> None:
+        if input is not None:  # the source rank: its own share; elsewhere, what the list holds
+            output[0] = input[group_rank(kwargs.get("group", args[1] if len(args) > 1 else None))]
+
+    for name, new in (("broadcast_object_list", broadcast_object_list), ("all_gather_object", all_gather_object),
+                      ("gather_object", gather_object), ("scatter_object_list", scatter_object_list)):
+        f = getattr(c10d, name, None)
+        if f is not None:
+            _replace_everywhere(stack, f, name, new)
+
+
 @contextlib.contextmanager
 def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Iterator[None]:
     """The traced rank's distributed world, for the trace's duration: torchrun's environment
@@ -482,6 +526,7 @@ def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Itera
         if world is not None:
             stack.enter_context(environment(world))
         world = world or World()
+        processes_in_process(stack, world, tracer.notes, _replace_everywhere)  # mp.spawn: this rank, here
         if not available():
             yield
             return
@@ -509,6 +554,7 @@ def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Itera
         _dtensor_patches(stack)
         _fsdp1_patches(stack, tracer)
         _functional_collectives(stack)
+        _object_collectives(stack)
         try:
             yield
         finally:

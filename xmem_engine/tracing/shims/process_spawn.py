@@ -1,0 +1,69 @@
+"""``torch.multiprocessing.spawn`` / ``start_processes`` run here, as the traced rank.
+
+PyTorch's DDP tutorial ("Getting Started with Distributed Data Parallel"), Lightning's
+``strategy="ddp_spawn"`` and the scripts written like them start one process per GPU with
+``mp.spawn(fn, args=(...), nprocs=world_size)``, each calling ``fn(i, *args)``. A child process
+runs outside the tracer: it has no virtual GPU ("ProcessGroupNCCL ... no GPUs found") and its
+memory would not be recorded. Every process runs the same code on its own GPU, so the trace
+runs one of them, the traced rank's index on its node, in this process: what the estimate
+(``--world-size``, ``--rank``) is of.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any, Callable
+
+from xmem_engine.tracing.frames import user_frame
+
+
+class SpawnedHere:
+    """What ``start_processes(..., join=False)`` returns (a ``ProcessContext``): the process
+    ran to its end inside the call, so ``join`` is done at once."""
+
+    def __init__(self) -> None:
+        self.processes: list = []
+        self.error_files: list = []
+
+    def pids(self) -> list[int]:
+        return [os.getpid()]
+
+    def join(self, timeout: float | None = None, grace_period: float | None = None) -> bool:
+        return True
+
+
+def in_process(world: Any, notes: list[str]) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``start_processes`` and ``spawn`` that call ``fn(world.local_rank, *args)`` here."""
+
+    def start_processes(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool = True,
+                        daemon: bool = False, start_method: str = "spawn") -> SpawnedHere | None:
+        if nprocs != world.local_size:
+            raise ValueError(
+                f"torch.multiprocessing starts {nprocs} processes (one per GPU), but xmem is tracing "
+                f"{world.local_size} process{'es' if world.local_size != 1 else ''} per node: estimate with "
+                f"--world-size {nprocs} (and --gpus-per-node for several nodes)")
+        notes.append(f"torch.multiprocessing started {nprocs} process{'es' if nprocs != 1 else ''} at "
+                     f"{user_frame(3)}: process {world.local_rank} ran in this one (each runs the same code "
+                     f"on its own GPU)")
+        fn(world.local_rank, *args)
+        return None if join else SpawnedHere()
+
+    def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool = True,
+              daemon: bool = False, start_method: str = "spawn") -> SpawnedHere | None:
+        return start_processes(fn, args, nprocs, join, daemon, "spawn")
+
+    return start_processes, spawn
+
+
+def processes_in_process(stack: contextlib.ExitStack, world: Any, notes: list[str],
+                         replace: Callable[[contextlib.ExitStack, Any, str, Any], None]) -> None:
+    """Replace both functions wherever the code may call them from (``replace`` is
+    ``distributed._replace_everywhere``: ``from torch.multiprocessing import spawn`` too)."""
+    import torch.multiprocessing
+
+    mp_spawn = sys.modules["torch.multiprocessing.spawn"]  # the module (its package's ``spawn`` is the function)
+    start_processes, spawn = in_process(world, notes)
+    replace(stack, mp_spawn.start_processes, "start_processes", start_processes)
+    replace(stack, mp_spawn.spawn, "spawn", spawn)
