@@ -416,3 +416,31 @@ def test_an_error_in_the_spawned_function_is_shown_at_its_line():
         trace(src, {}, mode="fake")
     frames = [(f.filename, f.lineno) for f in traceback.extract_tb(ei.value.__traceback__)]
     assert [line for name, line in frames if name == "<cell>"] == [4, 3] and frames[-1] == ("<cell>", 3)
+
+
+def test_elastic_launch_calls_its_function_here_as_the_traced_rank():
+    """torchrun as a function (accelerate's notebook_launcher on several GPUs): the entry point
+    runs here with torchrun's environment for the traced rank, its return value as the agent's."""
+    src = """
+import os
+import torch, torch.distributed as dist
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+def train(scale):
+    dist.init_process_group("nccl")
+    x = torch.ones(1024, device="cuda") * scale
+    dist.all_reduce(x)
+    rank = int(os.environ["RANK"])
+    dist.destroy_process_group()
+    return rank
+
+config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="r", rdzv_backend="c10d",
+                      rdzv_endpoint="localhost:29500")
+results = elastic_launch(config, entrypoint=train)(3)
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake", world=World(2, rank=1))
+    assert ns["results"] == {1: 1}
+    assert any(n.startswith("elastic_launch started 2 processes") for n in tr.meta["notes"])
+    with pytest.raises(ValueError, match="elastic_launch starts 2 processes .* --world-size 2"):
+        trace(src, {}, mode="fake")

@@ -1,4 +1,4 @@
-"""``torch.multiprocessing.spawn`` / ``start_processes`` run here, as the traced rank.
+"""``torch.multiprocessing.spawn`` / ``start_processes`` and ``elastic_launch`` run here, as the traced rank.
 
 PyTorch's DDP tutorial ("Getting Started with Distributed Data Parallel"), Lightning's
 ``strategy="ddp_spawn"`` and the scripts written like them start one process per GPU with
@@ -34,19 +34,39 @@ class SpawnedHere:
         return True
 
 
+def _here(world: Any, notes: list[str], who: str, nprocs: int) -> None:
+    """Check that ``nprocs`` processes a node are the world being traced, and say which runs."""
+    if nprocs != world.local_size:
+        raise ValueError(
+            f"{who} starts {nprocs} processes (one per GPU), but xmem is tracing {world.local_size} "
+            f"process{'es' if world.local_size != 1 else ''} per node: estimate with --world-size {nprocs} "
+            f"(and --gpus-per-node for several nodes)")
+    notes.append(f"{who} started {nprocs} process{'es' if nprocs != 1 else ''} at {user_frame(4)}: process "
+                 f"{world.local_rank} ran in this one (each runs the same code on its own GPU)")
+
+
+def launch_agent_here(world: Any, notes: list[str]) -> Callable[..., Any]:
+    """``torch.distributed.launcher.api.launch_agent`` (``elastic_launch``, torchrun as a
+    function: accelerate's ``notebook_launcher`` on several GPUs) calling the entry point here;
+    the environment is already torchrun's for the traced rank."""
+
+    def launch_agent(config: Any, entrypoint: Any, args: list, **kwargs: Any) -> dict[int, Any]:
+        if not callable(entrypoint):
+            raise ValueError(
+                f"elastic_launch of a program ({entrypoint!r}) starts processes xmem cannot trace: estimate "
+                f"the script it runs, with xmem estimate SCRIPT --world-size N")
+        _here(world, notes, "elastic_launch", int(config.nproc_per_node))
+        return {world.local_rank: entrypoint(*args)}
+
+    return launch_agent
+
+
 def in_process(world: Any, notes: list[str]) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``start_processes`` and ``spawn`` that call ``fn(world.local_rank, *args)`` here."""
 
     def start_processes(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool = True,
                         daemon: bool = False, start_method: str = "spawn") -> SpawnedHere | None:
-        if nprocs != world.local_size:
-            raise ValueError(
-                f"torch.multiprocessing starts {nprocs} processes (one per GPU), but xmem is tracing "
-                f"{world.local_size} process{'es' if world.local_size != 1 else ''} per node: estimate with "
-                f"--world-size {nprocs} (and --gpus-per-node for several nodes)")
-        notes.append(f"torch.multiprocessing started {nprocs} process{'es' if nprocs != 1 else ''} at "
-                     f"{user_frame(3)}: process {world.local_rank} ran in this one (each runs the same code "
-                     f"on its own GPU)")
+        _here(world, notes, "torch.multiprocessing", nprocs)
         fn(world.local_rank, *args)
         return None if join else SpawnedHere()
 
@@ -67,3 +87,9 @@ def processes_in_process(stack: contextlib.ExitStack, world: Any, notes: list[st
     start_processes, spawn = in_process(world, notes)
     replace(stack, mp_spawn.start_processes, "start_processes", start_processes)
     replace(stack, mp_spawn.spawn, "spawn", spawn)
+    launcher = sys.modules.get("torch.distributed.launcher.api")
+    if launcher is None:
+        with contextlib.suppress(ImportError):  # a torch without distributed
+            import torch.distributed.launcher.api as launcher
+    if launcher is not None:
+        replace(stack, launcher.launch_agent, "launch_agent", launch_agent_here(world, notes))
