@@ -475,3 +475,32 @@ dist.destroy_process_group()
     ns: dict = {}
     trace(src, ns, mode=mode, world=World(2))
     assert ns["where"] == {"cuda:0"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fsdp1_moves_a_host_models_buffers_at_its_lazy_init(mode):
+    """FSDP1 casts and moves buffers with ``buf.data = buf.to(device)`` at its first forward:
+    C++ refused a fake GPU tensor for a real host buffer ("incompatible tensor type")."""
+    src = """
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+dist.init_process_group("nccl")
+torch.cuda.set_device(0)
+
+class Rope(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 64, 2).float() / 64), persistent=False)
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, x):
+        return self.proj(x * self.inv_freq.to(x.device))
+
+model = FSDP(nn.Sequential(Rope(), nn.BatchNorm1d(32), Rope()), device_id=torch.cuda.current_device())
+model(torch.randn(8, 32, device="cuda")).sum().backward()
+where = {str(b.device) for b in model.buffers()}
+dist.destroy_process_group()
+"""
+    ns: dict = {}
+    trace(src, ns, mode=mode, world=World(2))
+    assert ns["where"] == {"cuda:0"}

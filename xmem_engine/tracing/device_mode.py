@@ -25,6 +25,7 @@ from xmem_engine.tracing.kernels.sdpa import tracer_handler
 from xmem_engine.tracing.errors import NeedsRealValues
 from xmem_engine.tracing.frames import as_torch_error, user_frame, warning_where_torch_would
 from xmem_engine.tracing.fake.placeholders import placeholder
+from xmem_engine.tracing.fake.rehome import replace_buffer
 from xmem_engine.tracing.scope import CPU, CallScope, Device
 from xmem_engine.tracing.symbolic import full_slices
 from xmem_engine.tracing.tracer import Tracer
@@ -125,6 +126,7 @@ class DeviceMode(TorchFunctionMode):
                 _T.__index__: self._needs_value,
                 _T.tolist: self._needs_value,
                 _T.__deepcopy__: self._deepcopy,
+                _T.data.__set__: self._set_data,
             })
         else:  # a number read from a tensor: its warnings at the code's line, not this mode's
             self.special.update(dict.fromkeys((_T.item, _T.__float__, _T.__int__), self._scalar))
@@ -323,6 +325,17 @@ class DeviceMode(TorchFunctionMode):
         if t.dim() != 0:
             return func(*args, **kwargs)
         return format(self._item(_T.item, (t,), {}), *args[1:], **kwargs)
+
+    def _set_data(self, func: Any, args: tuple, kwargs: dict) -> None:
+        """``buf.data = buf.to("cuda")`` on a real host buffer (FSDP's way of moving buffers):
+        the fake GPU tensor replaces it in its modules (``fake/rehome.py``)."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        t, value = args
+        if (isinstance(value, FakeTensor) and not isinstance(t, (FakeTensor, torch.nn.Parameter))
+                and replace_buffer(t, value)):
+            return None
+        return func(*args, **kwargs)
 
     def _deepcopy(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
         """``copy.deepcopy`` of a fake tensor (``nn.TransformerEncoder`` clones its layer):

@@ -398,41 +398,6 @@ def _fsdp2_patches(stack: contextlib.ExitStack, tracer: Any, load: bool) -> None
     alloc = getattr(group, "alloc_storage", None)
     if alloc is not None:
         _replace_everywhere(stack, alloc, "alloc_storage", _in_scope(alloc, tracer, Category.PARAMETER))
-    _fsdp2_moves_buffers(stack)
-
-
-def _fsdp2_moves_buffers(stack: contextlib.ExitStack) -> None:
-    """``fully_shard`` of a model left on the host moves its states with ``t.data = t.to(device)``.
-    In fake mode a host buffer is a real tensor and its copy on the GPU a fake one: the buffer
-    kept its CPU kind over the fake's meta storage (RoPE's ``inv_freq`` under the Trainer's FSDP:
-    "found cpu and meta"). Such a buffer is replaced in the modules that hold it, as
-    ``Module._apply`` does when ``.data`` cannot take the new tensor."""
-    init = sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_init")
-    if init is None or not hasattr(init, "_move_states_to_device") or not hasattr(init, "_get_managed_states"):
-        return
-    managed: list = []
-    get_states, move_states = init._get_managed_states, init._move_states_to_device
-
-    def _get_managed_states(modules: Any, *args: Any, **kwargs: Any) -> Any:
-        managed[:] = list(modules)
-        return get_states(modules, *args, **kwargs)
-
-    def _move_states_to_device(params: Any, buffers: Any, device: Any) -> Any:
-        kept, moved = [], {}
-        for b in buffers:
-            on = b.to(device) if b.device != device and b.device.type != "meta" else b
-            if type(on) is not type(b):
-                moved[id(b)] = on
-            else:
-                kept.append(b)
-        for m in managed if moved else ():
-            for name, b in m._buffers.items():
-                if b is not None and id(b) in moved:
-                    m._buffers[name] = moved[id(b)]
-        return move_states(params, kept, device)
-
-    _replace_everywhere(stack, get_states, "_get_managed_states", _get_managed_states)
-    _replace_everywhere(stack, move_states, "_move_states_to_device", _move_states_to_device)
 
 
 def _functional_collectives(stack: contextlib.ExitStack) -> None:
