@@ -15,6 +15,9 @@ Event kinds
 ``phase``          marker: the phase changes (``phase`` holds forward/backward/optimizer/other).
 ``empty_cache``    marker: the code called ``torch.cuda.empty_cache()``.
 ``reset_peak``     marker: the code called ``torch.cuda.reset_peak_memory_stats()``.
+``synchronize``    marker: the host waited for the device (``torch.cuda.synchronize()``, an
+                   event's or a stream's ``synchronize()``): frees deferred by ``record_stream``
+                   complete, as the allocator finds at its next request.
 ``pool_begin``     requests on ``streams`` (none listed: on every stream) come from the private
                    memory pool ``id`` (a number >= 1) until its ``pool_end``: a CUDA graph's
                    capture, ``torch.cuda.use_mem_pool``, ``mode="reduce-overhead"``'s graphs.
@@ -56,6 +59,7 @@ class EventKind(Word):
     PHASE = "phase"
     EMPTY_CACHE = "empty_cache"
     RESET_PEAK = "reset_peak"
+    SYNCHRONIZE = "synchronize"
     POOL_BEGIN = "pool_begin"
     POOL_END = "pool_end"
     POOL_RELEASE = "pool_release"
@@ -100,13 +104,14 @@ ITERATION = EventKind.ITERATION
 PHASE = EventKind.PHASE
 EMPTY_CACHE = EventKind.EMPTY_CACHE
 RESET_PEAK = EventKind.RESET_PEAK
+SYNCHRONIZE = EventKind.SYNCHRONIZE
 POOL_BEGIN = EventKind.POOL_BEGIN
 POOL_END = EventKind.POOL_END
 POOL_RELEASE = EventKind.POOL_RELEASE
 POOL_KINDS = (POOL_BEGIN.value, POOL_END.value, POOL_RELEASE.value)
 
 EVENT_KINDS = tuple(k.value for k in EventKind)
-MARKER_KINDS = (ITERATION.value, PHASE.value, EMPTY_CACHE.value, RESET_PEAK.value) + POOL_KINDS
+MARKER_KINDS = (ITERATION.value, PHASE.value, EMPTY_CACHE.value, RESET_PEAK.value, SYNCHRONIZE.value) + POOL_KINDS
 CATEGORIES = tuple(c.value for c in Category)
 PHASES = tuple(p.value for p in Phase)
 MODES = tuple(m.value for m in Mode)

@@ -163,6 +163,33 @@ torch.cuda.synchronize()
     assert len(rec) == 1 and rec[0].id == a.id and rec[0].streams == (b.stream,)
 
 
+@pytest.mark.parametrize("wait", ["torch.cuda.synchronize()", "done.synchronize()", "side.synchronize()", "pass"])
+def test_a_wait_for_the_device_completes_frees_deferred_by_record_stream(wait):
+    """FSDP1 gathers each layer on a stream of its own and records its use on the compute
+    stream; the rate limiter waits on an event each time. Without the wait being recorded,
+    every deferred free stayed out of the pool and the reserved memory grew each layer."""
+    from xmem_engine.simulation.simulate import simulate
+
+    src = f"""
+import torch
+side = torch.cuda.Stream()
+for layer in range(8):
+    with torch.cuda.stream(side):
+        flat = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+    flat.record_stream(torch.cuda.current_stream())
+    del flat
+    done = torch.cuda.Event()
+    done.record()
+    {wait}
+"""
+    tr = trace(src, {}, mode="fake")
+    reserved = simulate(tr.events).peak_reserved_bytes
+    if wait == "pass":
+        assert reserved == 8 * 64 * 2**20 and not any(e.kind == "synchronize" for e in tr.events)
+    else:
+        assert reserved == 64 * 2**20 and sum(e.kind == "synchronize" for e in tr.events) == 8
+
+
 def test_stream_functions_take_torchs_keyword_names():
     """timm's prefetching loader calls ``torch.cuda.stream(stream=s)``; a stand-in named its
     parameter otherwise, and timm's ``train.py`` stopped at its first batch."""

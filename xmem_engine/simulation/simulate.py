@@ -145,6 +145,9 @@ def simulate(
             continue
         elif kind == tr.EMPTY_CACHE:
             alloc.empty_cache()
+        elif kind == tr.SYNCHRONIZE:
+            alloc.synchronize()
+            continue
         elif kind == tr.RESET_PEAK:
             alloc.reset_peak_stats()
             continue

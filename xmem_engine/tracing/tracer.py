@@ -415,13 +415,13 @@ class Tracer:
         )
         self.allocator.record_stream(rec.block, stream.stream_id)
 
-    def empty_cache(self) -> None:
-        self.events.append(TraceEvent(EMPTY_CACHE, phase=self.phase, iteration=self.iteration))
-        self.allocator.empty_cache()
+    def mark(self, kind: str) -> None:
+        """``empty_cache``, ``reset_peak``, ``synchronize``: in the trace, and on the live allocator now."""
+        self.events.append(TraceEvent(kind, phase=self.phase, iteration=self.iteration))
+        getattr(self.allocator, "reset_peak_stats" if kind == RESET_PEAK else str(kind))()
 
-    def reset_peak(self) -> None:
-        self.events.append(TraceEvent(RESET_PEAK, phase=self.phase, iteration=self.iteration))
-        self.allocator.reset_peak_stats()
+    def empty_cache(self) -> None:
+        self.mark(EMPTY_CACHE)
 
     def release_all(self) -> None:
         """Hand every still-live block back to the allocator (after an aborted attempt)."""

@@ -26,6 +26,7 @@ from xmem_engine.tracing.cuda_graphs import VirtualCudaGraphs
 from xmem_engine.tracing.compiler import inductor_gpu  # noqa: F401
 from xmem_engine.tracing.kernels.autocast_policy import CudaAutocastPolicy
 from xmem_engine.tracing.patches import patched_attr
+from xmem_engine.trace import RESET_PEAK, SYNCHRONIZE
 from xmem_engine.tracing.fake.placeholders import FakeFloat, FakeInt
 
 
@@ -38,7 +39,7 @@ class Recorder(Protocol):
 
     def empty_cache(self) -> None: ...
 
-    def reset_peak(self) -> None: ...
+    def mark(self, kind: str) -> None: ...
 
 DEFAULT_DEVICE: dict[str, Any] = {
     "name": "NVIDIA A100-SXM4-40GB",
@@ -107,7 +108,7 @@ class VirtualStream:
         return event or VirtualEvent()
 
     def synchronize(self) -> None:
-        pass
+        torch.cuda.synchronize()  # the virtual device's: every stream is taken to have caught up
 
     def is_capturing(self) -> bool:
         """CUDA graph capture never runs on the virtual device (optimizers ask)."""
@@ -152,7 +153,7 @@ class VirtualEvent:
         return True
 
     def synchronize(self) -> None:
-        pass
+        torch.cuda.synchronize()  # (FSDP's rate limiter waits on one each unshard)
 
     def elapsed_time(self, end_event: "VirtualEvent") -> float:
         return 0.0
@@ -242,7 +243,7 @@ class VirtualCuda:
             return dict(t.allocator.memory_stats())
 
         def reset_peak_memory_stats(device: Any = None) -> None:
-            t.reset_peak()
+            t.mark(RESET_PEAK)
 
         def reset_accumulated_memory_stats(device: Any = None) -> None:
             reset = getattr(t.allocator, "reset_accumulated_stats", None)
@@ -271,9 +272,7 @@ class VirtualCuda:
                 setf(fraction)
 
         def synchronize(device: Any = None) -> None:
-            sync = getattr(t.allocator, "synchronize", None)
-            if sync is not None:
-                sync()
+            t.mark(SYNCHRONIZE)  # deferred frees (record_stream) complete
 
         def record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
             if not hasattr(t.allocator, "history"):
