@@ -64,3 +64,22 @@ def test_a_bound_alias_imported_before_the_trace_sends_nothing(monkeypatch):
     trace("import early_user_module\nurl = str(early_user_module.create_repo('someone/x', exist_ok=True))", ns, mode="fake")
     assert ns["url"] == f"{hub.constants.ENDPOINT}/someone/x"
     assert early.create_repo == hub.create_repo  # put back after the trace
+
+
+def test_the_hub_kernels_note_is_for_code_that_ran_a_transformers_model():
+    """transformers 5 may swap layers for Hub kernels on a GPU: said where a transformers model
+    ran, not where a library merely imported transformers (Lightning, torchmetrics)."""
+    ran = trace("""
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+model = AutoModelForCausalLM.from_config(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=256)).cuda()
+model(torch.randint(0, 256, (2, 16), device="cuda"))
+""", {}, mode="fake")
+    imported = trace("""
+import torch, transformers
+model = torch.nn.Linear(64, 64).cuda()
+model(torch.randn(2, 64, device="cuda"))
+""", {}, mode="fake")
+    hub = [any("Hub kernels" in n for n in t.meta.get("notes", [])) for t in (ran, imported)]
+    assert hub == [True, False]

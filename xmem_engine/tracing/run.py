@@ -394,12 +394,20 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
 
 
 def _note_hub_kernels(tracer: Tracer) -> None:
-    """The note for transformers 5's Hub kernels, where the traced code used transformers 5."""
+    """The note for transformers 5's Hub kernels, where the traced code ran a transformers 5
+    model (a layer class of ``transformers.models`` among those traced: Lightning and
+    torchmetrics import transformers without running it)."""
     import sys
 
     mod = sys.modules.get("transformers")
     version = getattr(mod, "__version__", "0")
-    if mod is not None and int(version.split(".")[0]) >= 5:
+    if mod is None or int(version.split(".")[0]) < 5:
+        return
+    ran = set(tracer.module_types.values())
+    layers = {name for m_name, m in list(sys.modules.items()) if m_name.startswith("transformers.models.")
+              for name, v in list(vars(m).items()) if name in ran and isinstance(v, type)
+              and issubclass(v, torch.nn.Module) and v.__module__.startswith("transformers.")}
+    if layers:
         tracer.notes.append(
             "transformers' Hub kernels were off (USE_HUB_KERNELS=NO): layers ran PyTorch's own ops. On a GPU, "
             "transformers 5 may swap some layers for kernels downloaded from the Hub, which can hold less memory")
