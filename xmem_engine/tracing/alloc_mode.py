@@ -30,7 +30,7 @@ from xmem_engine.tracing.kernels.cuda_temporaries import BySM
 from xmem_engine.tracing.kernels.cuda_dtypes import RULES as CUDA_DTYPES
 from xmem_engine.gpus import cuda_libraries
 from xmem_engine.tracing.kernels import convolutions
-from xmem_engine.tracing.errors import NeedsRealValues
+from xmem_engine.tracing.errors import SPARSE_REASON, NeedsRealValues
 from xmem_engine.tracing.fake.fake_fastpaths import FAST_FAKE
 from xmem_engine.tracing.frames import as_torch_error, user_frame
 from xmem_engine.tracing.kernels.grad_accumulation import BackwardInPlace
@@ -296,10 +296,15 @@ class AllocMode(TorchDispatchMode):
                             if out is NotImplemented:
                                 raise NeedsRealValues(str(func), _fake_reason(e), user_frame(2)) from e
                     except RuntimeError as e:
+                        if isinstance(e, NotImplementedError) and "'SparseMeta' backend" in str(e):
+                            raise NeedsRealValues(str(func), "fake tensors have no kernel for this sparse op",
+                                                  user_frame(2)) from e
                         if not _custom_without_fake_kernel(func, e):
                             raise
                         out = self._custom_for_real(func, args, kwargs)
                     else:
+                        if isinstance(out, torch.Tensor) and out.layout is not torch.strided and _lost_entries(out, args):
+                            raise NeedsRealValues(str(func), SPARSE_REASON, user_frame(2))
                         tr.shadows.after_op(func, args, kwargs, out)
                         tr.guesses.after_op(func, args, kwargs, out)
                 else:
@@ -485,6 +490,16 @@ def _as_torch_error(e: RuntimeError, args: tuple) -> BaseException:
                 bad = next(d for d in a if type(d) is int and d < 0)
                 return as_torch_error(RuntimeError(f"Trying to create tensor with negative dimension {bad}: {list(a)}"))
     return e
+
+
+def _lost_entries(out: torch.Tensor, args: tuple) -> bool:
+    """A sparse output of sparse inputs with fewer entries than they have: fake tensors do not
+    know how many it has (a view, ``detach``, keeps them; a transpose's coalesce is unknown)."""
+    def entries(t: torch.Tensor) -> int:
+        return (t._values() if t.layout is torch.sparse_coo else t.values()).numel()
+
+    most = max((entries(a) for a in args if isinstance(a, torch.Tensor) and a.layout is not torch.strided), default=0)
+    return entries(out) < most
 
 
 def _fake_reason(e: BaseException) -> str:

@@ -22,11 +22,12 @@ from xmem_engine.gpus.cuda_libraries import parse_version
 from xmem_engine.tracing.kernels import einsum_lowering
 from xmem_engine.tracing.shims import packed_sequences
 from xmem_engine.tracing.kernels.sdpa import tracer_handler
-from xmem_engine.tracing.errors import NeedsRealValues
+from xmem_engine.tracing.errors import SPARSE_REASON, NeedsRealValues
 from xmem_engine.tracing.frames import as_torch_error, user_frame, warning_where_torch_would
 from xmem_engine.tracing.fake.placeholders import placeholder
 from xmem_engine.tracing.fake.rehome import replace_buffer
 from xmem_engine.tracing.scope import CPU, CallScope, Device
+from xmem_engine.tracing.shims.subclasses import storage_key
 from xmem_engine.tracing.symbolic import full_slices
 from xmem_engine.tracing.tracer import Tracer
 from xmem_engine.tracing.ops import register
@@ -218,8 +219,20 @@ class DeviceMode(TorchFunctionMode):
         if src_gpu == to_gpu:
             return torch.Tensor.to(t, dtype=dtype if dtype is not None else t.dtype, non_blocking=non_blocking,
                                    copy=copy, memory_format=mf)
+        if tr.fake and t.layout is not torch.strided:
+            return self._sparse_transfer(t, to_gpu, dtype, non_blocking)
         with tr.call_scope(target=Device.GPU if to_gpu else Device.HOST, explicit=to_gpu and not src_gpu):
             return torch.Tensor.to(t, device=CPU, dtype=dtype, non_blocking=non_blocking, copy=True, memory_format=mf)
+
+    def _sparse_transfer(self, t: torch.Tensor, to_gpu: bool, dtype: Any, non_blocking: bool) -> torch.Tensor:
+        """A sparse tensor moved in fake mode: its indices and values moved as the dense tensors
+        they are, the sparse tensor made again of them (FakeTensorMode's own copy of a sparse
+        tensor has no entries: a graph's adjacency took no memory)."""
+        if t.layout is not torch.sparse_coo:
+            raise NeedsRealValues(f"Tensor.to of a {t.layout} tensor", SPARSE_REASON, user_frame(4))
+        values = self._transfer(t._values(), to_gpu, dtype, non_blocking, None, False)
+        indices = self._transfer(t._indices(), to_gpu, None, non_blocking, None, False)
+        return torch.sparse_coo_tensor(indices, values, t.shape, is_coalesced=t.is_coalesced())
 
     def _to(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
         t, rest = args[0], args[1:]
@@ -401,8 +414,9 @@ def fake_device_property(tracer: Tracer, mode: DeviceMode) -> property:
             return tracer.vc.device  # Dynamo makes its fake tensors on cuda (torch_compile.py)
         # Inside FakeTensorMode's handler its mode is off the stack: its kernels are asking,
         # for an op called with the device mode still on (``torch.ops.fsdp.*``, C++ code).
-        if (d.type == "cpu" and t.untyped_storage()._cdata in tracer.live
-                and torch._C._get_dispatch_mode(fake_key) is not None and mode.on_stack()):
+        # (the storage asked last: a sparse tensor's is its values', read through FakeTensorMode)
+        if (d.type == "cpu" and torch._C._get_dispatch_mode(fake_key) is not None and mode.on_stack()
+                and storage_key(t) in tracer.live):
             return tracer.vc.device
         return d
 

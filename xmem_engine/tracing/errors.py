@@ -44,6 +44,11 @@ class StopTracing(BaseException):
     steady state; the rest of it need not run."""
 
 
+# Fake tensors keep a sparse tensor's shape, not its entries: what sparse ops make from one
+# (a transpose, a coalesce, a sum) has none, and takes no memory.
+SPARSE_REASON = "fake tensors keep no entries of a sparse tensor, so what is made from one takes no memory"
+
+
 class NeedsRealValues(BaseException):
     """Fake tensors cannot go on: the code needs tensor values. A BaseException so that a
     user's ``except Exception`` cannot swallow it."""

@@ -95,8 +95,9 @@ def _empty_like(x: torch.Tensor) -> Any:
 
 def _plain(x: Any) -> bool:
     """A fake tensor the shortcuts may read: no kept constant (FakeTensorMode keeps small
-    literal tensors' values and computes with them), not a subclass."""
-    return type(x) is FakeTensor and x.constant is None
+    literal tensors' values and computes with them), not a subclass, dense (a sparse one's
+    meta kernels are missing)."""
+    return type(x) is FakeTensor and x.constant is None and x.layout is torch.strided
 
 
 def _fast_batch_norm(input: torch.Tensor, weight: Any, bias: Any, running_mean: Any, running_var: Any,

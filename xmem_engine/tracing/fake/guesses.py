@@ -226,7 +226,7 @@ class Guesses:
             return
         keys = []
         for o in outs:
-            if type(o) is not fake:
+            if type(o) is not fake or o.layout is not torch.strided:  # (a sparse tensor: no storage)
                 return
             st = o.untyped_storage()
             if not shadowable(st.nbytes()):
@@ -245,6 +245,8 @@ class Guesses:
         seen: dict[int, tuple[int, int]] = {}  # id(input) -> its storage's key and bytes
         for x in _leaves(args, kwargs):
             if isinstance(x, torch.Tensor):
+                if x.layout is not torch.strided:
+                    return
                 st = x.untyped_storage()
                 k, nbytes = st._cdata, st.nbytes()
                 if k in keys:

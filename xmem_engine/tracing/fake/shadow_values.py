@@ -90,6 +90,9 @@ def _is_random(func: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
 
 
+_STRIDED = torch.strided
+
+
 class Shadows:
     """Shadows by fake storage (``untyped_storage()._cdata``); each goes when its storage dies."""
 
@@ -126,12 +129,13 @@ class Shadows:
         fake, by = self._fake, self.by_storage
         for a in args:
             if isinstance(a, fake):
-                if a.untyped_storage()._cdata not in by:
+                if a.layout is not _STRIDED or a.untyped_storage()._cdata not in by:  # (sparse: never shadowed)
                     return False
             elif isinstance(a, (list, tuple)) and any(
-                    isinstance(b, fake) and b.untyped_storage()._cdata not in by for b in a):
+                    isinstance(b, fake) and (b.layout is not _STRIDED or b.untyped_storage()._cdata not in by)
+                    for b in a):
                 return False
-        return not kwargs or all(t.untyped_storage()._cdata in by
+        return not kwargs or all(t.layout is _STRIDED and t.untyped_storage()._cdata in by
                                  for t in tree_flatten(kwargs)[0] if isinstance(t, fake))
 
     def _real_args(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
@@ -171,11 +175,12 @@ class Shadows:
             return
         known = not random
         if known:
-            if type(out) is fake:
-                known = shadowable(out.untyped_storage().nbytes())
+            if type(out) is fake:  # (a sparse tensor has no storage: never shadowed)
+                known = out.layout is _STRIDED and shadowable(out.untyped_storage().nbytes())
             else:
                 outs = [t for t in tree_flatten(out)[0] if isinstance(t, fake)]
-                known = bool(outs) and all(shadowable(t.untyped_storage().nbytes()) for t in outs)
+                known = bool(outs) and all(t.layout is _STRIDED and shadowable(t.untyped_storage().nbytes())
+                                           for t in outs)
         if known and func is _TO_COPY and kwargs.get("device") is None and type(args[0]) is fake \
                 and args[0].requires_grad and args[0].is_leaf:
             # A parameter's cast copy on its device (autocast casts each small weight again every

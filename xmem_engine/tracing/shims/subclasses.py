@@ -44,9 +44,30 @@ def storage_key(t: torch.Tensor) -> int:
     try:
         return t.untyped_storage()._cdata
     except NotImplementedError:
+        with torch._C.DisableTorchFunction():  # (not through the modes that ask this)
+            layout = t.layout
+            if layout is torch.sparse_coo or layout in _COMPRESSED:  # a sparse tensor is where its values are
+                return storage_key(t._values() if layout is torch.sparse_coo else t.values())
         if not torch._C._functorch.is_functorch_wrapped_tensor(t):
             raise
         return storage_key(torch._C._functorch.get_unwrapped(t))
+
+
+_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+_STRIDED = torch.strided
+
+
+def _sparse_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A sparse tensor's indices and values: its memory, on the GPU as on the host."""
+    with torch._C.DisableTorchFunction():
+        layout = t.layout
+        if layout is torch.sparse_coo:
+            return t._indices(), t._values()
+        if layout in (torch.sparse_csr, torch.sparse_bsr):
+            return t.crow_indices(), t.col_indices(), t.values()
+        if layout in (torch.sparse_csc, torch.sparse_bsc):
+            return t.ccol_indices(), t.row_indices(), t.values()
+        return ()
 
 
 def is_fake_wrapper(t: Any) -> bool:
@@ -62,6 +83,8 @@ def tensors_in(x: Any) -> Iterator[torch.Tensor]:
     if isinstance(x, torch.Tensor):
         if is_wrapper(x):
             yield from inner_tensors(x)
+        elif x.layout is not _STRIDED:  # a sparse tensor: the dense tensors it is made of
+            yield from _sparse_parts(x)
         else:
             yield x
     elif isinstance(x, (list, tuple)):
