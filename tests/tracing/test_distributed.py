@@ -504,3 +504,21 @@ dist.destroy_process_group()
     ns: dict = {}
     trace(src, ns, mode=mode, world=World(2))
     assert ns["where"] == {"cuda:0"}
+
+
+def test_object_collectives_take_torchs_keyword_names():
+    """DCP's planner calls them by keyword (``scatter_object_output_list=...``)."""
+    src = """
+import torch.distributed as dist
+dist.init_process_group("nccl")
+out, gathered, everyone = [None], [None, None], [None, None]
+dist.gather_object(obj={"plan": 1}, object_gather_list=gathered, dst=0)
+dist.scatter_object_list(scatter_object_output_list=out, scatter_object_input_list=["a", "b"], src=0)
+dist.all_gather_object(object_list=everyone, obj=3)
+box = ["mine"]
+dist.broadcast_object_list(object_list=box, src=0)
+dist.destroy_process_group()
+"""
+    ns: dict = {}
+    trace(src, ns, mode="fake", world=World(2, rank=1))
+    assert ns["gathered"] == [{"plan": 1}] * 2 and ns["out"] == ["b"] and ns["everyone"] == [3, 3] and ns["box"] == ["mine"]

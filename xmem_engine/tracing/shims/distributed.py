@@ -493,21 +493,27 @@ def _object_collectives(stack: contextlib.ExitStack) -> None:
     def group_rank(group: Any) -> int:
         return dist.get_rank() if group is None else dist.get_rank(group)
 
-    def broadcast_object_list(object_list: list, *args: Any, **kwargs: Any) -> None:
+    # (torch's parameter names: DCP's planner passes them by keyword)
+    def broadcast_object_list(object_list: list, src: Any = None, group: Any = None, device: Any = None,
+                              group_src: Any = None, **kwargs: Any) -> None:
         return None  # the source's objects are this rank's
 
-    def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
+    def all_gather_object(object_list: list, obj: Any, group: Any = None, **kwargs: Any) -> None:
         mine = group_rank(group)
         for i in range(len(object_list)):
             object_list[i] = obj if i == mine else others(obj)
 
-    def gather_object(obj: Any, object_gather_list: list | None = None, *args: Any, **kwargs: Any) -> None:
+    def gather_object(obj: Any, object_gather_list: list | None = None, dst: Any = None, group: Any = None,
+                      group_dst: Any = None, **kwargs: Any) -> None:
         if object_gather_list is not None:  # the destination rank
-            all_gather_object(object_gather_list, obj, kwargs.get("group", args[1] if len(args) > 1 else None))
+            all_gather_object(object_gather_list, obj, group)
 
-    def scatter_object_list(output: list, input: list | None = None, *args: Any, **kwargs: Any) -> None:
-        if input is not None:  # the source rank: its own share; elsewhere, what the list holds
-            output[0] = input[group_rank(kwargs.get("group", args[1] if len(args) > 1 else None))]
+    def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: Any = None,
+                            src: Any = None, group: Any = None, group_src: Any = None, **kwargs: Any) -> None:
+        # the source rank takes its own share; elsewhere the source's list is not known: what
+        # the output list holds stays (DCP traced as a rank other than its coordinator)
+        if scatter_object_input_list is not None:
+            scatter_object_output_list[0] = scatter_object_input_list[group_rank(group)]
 
     for name, new in (("broadcast_object_list", broadcast_object_list), ("all_gather_object", all_gather_object),
                       ("gather_object", gather_object), ("scatter_object_list", scatter_object_list)):
