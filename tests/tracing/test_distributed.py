@@ -446,15 +446,8 @@ results = elastic_launch(config, entrypoint=train)(3)
         trace(src, {}, mode="fake")
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_fully_shard_moves_a_host_models_buffers_to_the_gpu(mode):
-    """The Trainer's FSDP2 shards a model still on the host: fully_shard moves its states with
-    ``t.data = t.to(device)``, which a real host buffer cannot take from a fake GPU tensor."""
-    src = """
-import torch, torch.nn as nn, torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
-dist.init_process_group("nccl")
-
+# a module with a host buffer (RoPE's inv_freq), as transformers' models have
+ROPE = """
 class Rope(nn.Module):
     def __init__(self):
         super().__init__()
@@ -463,7 +456,18 @@ class Rope(nn.Module):
 
     def forward(self, x):
         return self.proj(x * self.inv_freq.to(x.device))
+"""
 
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fully_shard_moves_a_host_models_buffers_to_the_gpu(mode):
+    """The Trainer's FSDP2 shards a model still on the host: fully_shard moves its states with
+    ``t.data = t.to(device)``, which a real host buffer cannot take from a fake GPU tensor."""
+    src = """
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("nccl")
+ROPE
 model = nn.Sequential(Rope(), Rope())            # left on the host, as from_pretrained leaves it
 for block in model:
     fully_shard(block)
@@ -473,7 +477,7 @@ where = {str(b.device) for b in model.buffers()}
 dist.destroy_process_group()
 """
     ns: dict = {}
-    trace(src, ns, mode=mode, world=World(2))
+    trace(src.replace("ROPE", ROPE), ns, mode=mode, world=World(2))
     assert ns["where"] == {"cuda:0"}
 
 
@@ -486,23 +490,14 @@ import torch, torch.nn as nn, torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 dist.init_process_group("nccl")
 torch.cuda.set_device(0)
-
-class Rope(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 64, 2).float() / 64), persistent=False)
-        self.proj = nn.Linear(32, 32)
-
-    def forward(self, x):
-        return self.proj(x * self.inv_freq.to(x.device))
-
+ROPE
 model = FSDP(nn.Sequential(Rope(), nn.BatchNorm1d(32), Rope()), device_id=torch.cuda.current_device())
 model(torch.randn(8, 32, device="cuda")).sum().backward()
 where = {str(b.device) for b in model.buffers()}
 dist.destroy_process_group()
 """
     ns: dict = {}
-    trace(src, ns, mode=mode, world=World(2))
+    trace(src.replace("ROPE", ROPE), ns, mode=mode, world=World(2))
     assert ns["where"] == {"cuda:0"}
 
 
