@@ -459,45 +459,37 @@ class Rope(nn.Module):
 """
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_fully_shard_moves_a_host_models_buffers_to_the_gpu(mode):
-    """The Trainer's FSDP2 shards a model still on the host: fully_shard moves its states with
-    ``t.data = t.to(device)``, which a real host buffer cannot take from a fake GPU tensor."""
-    src = """
-import torch, torch.nn as nn, torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
-dist.init_process_group("nccl")
-ROPE
+WRAPS = {
+    # FSDP2 (the Trainer's FSDP): fully_shard moves the model's states itself
+    "fully_shard": """from torch.distributed.fsdp import fully_shard
 model = nn.Sequential(Rope(), Rope())            # left on the host, as from_pretrained leaves it
 for block in model:
     fully_shard(block)
-fully_shard(model)
-model(torch.randn(8, 32, device="cuda")).sum().backward()
-where = {str(b.device) for b in model.buffers()}
-dist.destroy_process_group()
-"""
-    ns: dict = {}
-    trace(src.replace("ROPE", ROPE), ns, mode=mode, world=World(2))
-    assert ns["where"] == {"cuda:0"}
+fully_shard(model)""",
+    # FSDP1: buffers cast and moved at the lazy init of the first forward
+    "FSDP1": """from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+torch.cuda.set_device(0)
+model = FSDP(nn.Sequential(Rope(), nn.BatchNorm1d(32), Rope()), device_id=torch.cuda.current_device())""",
+}
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_fsdp1_moves_a_host_models_buffers_at_its_lazy_init(mode):
-    """FSDP1 casts and moves buffers with ``buf.data = buf.to(device)`` at its first forward:
-    C++ refused a fake GPU tensor for a real host buffer ("incompatible tensor type")."""
-    src = """
+@pytest.mark.parametrize("wrap", sorted(WRAPS))
+def test_fsdp_moves_a_host_models_buffers_to_the_gpu(mode, wrap):
+    """FSDP moves buffers of a model left on the host with ``buf.data = buf.to(device)``, which a
+    real host buffer cannot take from a fake GPU tensor: FSDP2 left a CPU tensor over a meta
+    storage ("found cpu and meta" in RoPE), FSDP1 was refused ("incompatible tensor type")."""
+    src = f"""
 import torch, torch.nn as nn, torch.distributed as dist
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 dist.init_process_group("nccl")
-torch.cuda.set_device(0)
-ROPE
-model = FSDP(nn.Sequential(Rope(), nn.BatchNorm1d(32), Rope()), device_id=torch.cuda.current_device())
+{ROPE}
+{WRAPS[wrap]}
 model(torch.randn(8, 32, device="cuda")).sum().backward()
-where = {str(b.device) for b in model.buffers()}
+where = {{str(b.device) for b in model.buffers()}}
 dist.destroy_process_group()
 """
     ns: dict = {}
-    trace(src.replace("ROPE", ROPE), ns, mode=mode, world=World(2))
+    trace(src, ns, mode=mode, world=World(2))
     assert ns["where"] == {"cuda:0"}
 
 
