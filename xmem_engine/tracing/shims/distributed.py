@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from xmem_engine.trace import Category
-from xmem_engine.tracing.patches import patched_attr
+from xmem_engine.tracing.patches import on_import, patched_attr
 from xmem_engine.tracing.shims.process_spawn import processes_in_process
 from xmem_engine.tracing.scope import Device
 
@@ -522,6 +522,34 @@ def _object_collectives(stack: contextlib.ExitStack) -> None:
             _replace_everywhere(stack, f, name, new)
 
 
+def _dcp_each_rank_alone(stack: contextlib.ExitStack) -> None:
+    """``torch.distributed.checkpoint`` across ranks: each rank plans, writes and reads its own
+    shards as a checkpoint of its own. DCP's coordinator makes one plan of every rank's; the
+    other ranks are not traced, and this rank's plan taken for all of them covered one shard
+    twice ("Failed to validate global plan"). What a rank moves between its GPU and the files
+    is its own shards either way."""
+
+    def one_rank(utils: Any) -> None:
+        init = utils._DistWrapper.__init__
+
+        def __init__(self: Any, group: Any, use_dist: bool, coordinator_rank: int) -> None:
+            init(self, group, False, coordinator_rank)
+
+        stack.enter_context(patched_attr(utils._DistWrapper, "__init__", __init__))
+
+    def its_shards(planner: Any) -> None:
+        validate = planner._validate_global_plan
+
+        def _validate_global_plan(global_plan: Any, metadata: Any) -> Any:
+            # this rank's chunks cover its shards, not the tensors: accepted, as torch's answer
+            return [] if isinstance(validate(global_plan, metadata), list) else True
+
+        stack.enter_context(patched_attr(planner, "_validate_global_plan", _validate_global_plan))
+
+    stack.enter_context(on_import(["torch.distributed.checkpoint.utils"], one_rank))
+    stack.enter_context(on_import(["torch.distributed.checkpoint.default_planner"], its_shards))
+
+
 @contextlib.contextmanager
 def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Iterator[None]:
     """The traced rank's distributed world, for the trace's duration: torchrun's environment
@@ -561,6 +589,8 @@ def simulated_world(tracer: Any, world: World | None, device_mode: Any) -> Itera
         _fsdp1_patches(stack, tracer)
         _functional_collectives(stack)
         _object_collectives(stack)
+        if world.distributed:
+            _dcp_each_rank_alone(stack)
         try:
             yield
         finally:
