@@ -180,7 +180,14 @@ for _ in range(2):
     compiled = trace(src, {}, mode="fake", device=H100)
     eager = trace(src, {}, mode="fake", device=H100, compile="eager")
     assert any("Dynamo compiled no graph" in n for n in compiled.meta["notes"])
-    assert [(e.kind, e.bytes, e.dtype) for e in compiled.events] == [(e.kind, e.bytes, e.dtype) for e in eager.events]
+    # in order up to the script's end; the frees at its end (the namespace torn down, its order
+    # the garbage collector's: it differed under torch 2.10 with other tests before) as a set
+    def steps(tr):
+        end = max(i for i, e in enumerate(tr.events) if e.kind != "free") + 1
+        seen = [(e.kind, e.bytes, e.dtype) for e in tr.events]
+        return seen[:end], sorted(seen[end:])
+
+    assert steps(compiled) == steps(eager)
     assert any(e.dtype == "bfloat16" for e in compiled.events)
 
 
