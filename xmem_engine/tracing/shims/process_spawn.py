@@ -17,6 +17,7 @@ import sys
 from typing import Any, Callable
 
 from xmem_engine.tracing.frames import user_frame
+from xmem_engine.tracing.patches import on_import
 
 
 class SpawnedHere:
@@ -87,9 +88,7 @@ def processes_in_process(stack: contextlib.ExitStack, world: Any, notes: list[st
     start_processes, spawn = in_process(world, notes)
     replace(stack, mp_spawn.start_processes, "start_processes", start_processes)
     replace(stack, mp_spawn.spawn, "spawn", spawn)
-    launcher = sys.modules.get("torch.distributed.launcher.api")
-    if launcher is None:
-        with contextlib.suppress(ImportError):  # a torch without distributed
-            import torch.distributed.launcher.api as launcher
-    if launcher is not None:
-        replace(stack, launcher.launch_agent, "launch_agent", launch_agent_here(world, notes))
+    # elastic_launch as the code imports it: importing torch's elastic agent for every trace
+    # would add its start-up to every estimate
+    stack.enter_context(on_import(["torch.distributed.launcher.api"], lambda launcher: replace(
+        stack, launcher.launch_agent, "launch_agent", launch_agent_here(world, notes))))
