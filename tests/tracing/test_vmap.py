@@ -60,3 +60,29 @@ def test_vmap_runs_in_fake_mode_as_in_real_mode(src):
     assert fns["shape"] == rns["shape"]
     assert fns.get("dev", "cuda:0") == rns.get("dev", "cuda:0") == "cuda:0"
     assert alloc_stream(fake) == alloc_stream(real)
+
+
+# A PINN's Laplacian as torch.func writes it: torch's own FakeTensorMode (without xmem) loses a
+# tensor to the meta device in the backward of forward-mode AD under vmap, and the estimate
+# stopped with "found at least two devices, meta and cpu". Auto mode now runs it on real tensors.
+HESSIAN_UNDER_VMAP = """
+import torch, torch.nn as nn
+from torch.func import functional_call, hessian, vmap
+net = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 1)).cuda()
+def u(p, x):
+    return functional_call(net, p, (x.unsqueeze(0),)).squeeze()
+x = torch.rand(64, 2, device="cuda")
+H = vmap(hessian(u, argnums=1), in_dims=(None, 0))(dict(net.named_parameters()), x)
+H.diagonal(dim1=-2, dim2=-1).sum(-1).pow(2).mean().backward()
+shape = tuple(net[0].weight.grad.shape)
+"""
+
+
+def test_hessian_under_vmap_is_traced_on_real_tensors_when_fake_ones_lose_a_device():
+    ns: dict = {}
+    tr = trace(HESSIAN_UNDER_VMAP, ns)
+    assert tr.mode == "real"
+    assert "tanh_backward" in tr.meta["fallback"] and "meta device" in tr.meta["fallback"]
+    assert ns["shape"] == (16, 2)
+    real = trace(HESSIAN_UNDER_VMAP, {}, mode="real")
+    assert [(e.kind, e.bytes) for e in tr] == [(e.kind, e.bytes) for e in real]

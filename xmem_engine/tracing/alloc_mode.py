@@ -30,7 +30,7 @@ from xmem_engine.tracing.kernels.cuda_temporaries import BySM
 from xmem_engine.tracing.kernels.cuda_dtypes import RULES as CUDA_DTYPES
 from xmem_engine.gpus import cuda_libraries
 from xmem_engine.tracing.kernels import convolutions
-from xmem_engine.tracing.errors import SPARSE_REASON, NeedsRealValues
+from xmem_engine.tracing.errors import META_LEAK_REASON, SPARSE_REASON, NeedsRealValues, is_meta_leak
 from xmem_engine.tracing.fake.fake_fastpaths import FAST_FAKE
 from xmem_engine.tracing.frames import as_torch_error, user_frame
 from xmem_engine.tracing.kernels.grad_accumulation import BackwardInPlace
@@ -299,6 +299,8 @@ class AllocMode(TorchDispatchMode):
                         if isinstance(e, NotImplementedError) and "'SparseMeta' backend" in str(e):
                             raise NeedsRealValues(str(func), "fake tensors have no kernel for this sparse op",
                                                   user_frame(2)) from e
+                        if is_meta_leak(e):
+                            raise NeedsRealValues(str(func), META_LEAK_REASON, user_frame(2)) from e
                         if not _custom_without_fake_kernel(func, e):
                             raise
                         out = self._custom_for_real(func, args, kwargs)

@@ -49,6 +49,19 @@ class StopTracing(BaseException):
 SPARSE_REASON = "fake tensors keep no entries of a sparse tensor, so what is made from one takes no memory"
 
 
+# torch's own fake tensors (plain FakeTensorMode too) lose a tensor to the meta device in the
+# backward of forward-mode AD under vmap (``vmap(torch.func.hessian(f))``, a PINN's Laplacian):
+# "found at least two devices, meta and cpu". Real tensors run it.
+META_LEAK_REASON = ("torch's fake tensors put a tensor of this op on the meta device (the backward of "
+                    "forward-mode AD under vmap, as vmap(torch.func.hessian(...)) makes)")
+
+
+def is_meta_leak(e: BaseException) -> bool:
+    """FakeTensorMode's device check failing on a meta tensor it made itself: the user's code
+    meets no meta tensor there (its own meta tensors are not fake, and fail another check)."""
+    return type(e).__name__ == "FakeTensorDeviceMismatchError" and "meta" in str(e)
+
+
 class NeedsRealValues(BaseException):
     """Fake tensors cannot go on: the code needs tensor values. A BaseException so that a
     user's ``except Exception`` cannot swallow it."""
