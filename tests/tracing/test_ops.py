@@ -9,7 +9,7 @@ import pytest
 
 import xmem_engine.tracing  # noqa: F401 - registers every rule table
 from xmem_engine.tracing import alloc_mode
-from xmem_engine.tracing.fake import fake_fastpaths, guesses, out_metas, shadow_values, value_rules
+from xmem_engine.tracing.fake import fake_fastpaths, guesses, out_metas, shadow_values, sparse_entries, value_rules
 from xmem_engine.tracing.kernels import autocast_policy, convolutions, cuda_dtypes, cuda_temporaries, grad_accumulation
 from xmem_engine.tracing.ops import KINDS, op_label, register, rules
 from xmem_engine.tracing.shims import bitsandbytes_shim
@@ -21,7 +21,7 @@ TABLES = [
     (value_rules.ONES_REDUCTIONS, "guessed value"), (value_rules.UNEQUAL, "guessed value"),
     (out_metas.OUT_OVERLOADS, "meta kernel"), (alloc_mode.HOST_OUTPUTS, "host output"),
     (shadow_values._SHADOW_KERNELS, "known value"), (bitsandbytes_shim.CUDA_COMPOSITES, "cuda composite"),
-    (cuda_dtypes.RULES, "cuda dtype"),
+    (cuda_dtypes.RULES, "cuda dtype"), (sparse_entries.RULES, "sparse entries"),
 ]
 
 

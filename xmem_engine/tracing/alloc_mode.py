@@ -32,6 +32,7 @@ from xmem_engine.gpus import cuda_libraries
 from xmem_engine.tracing.kernels import convolutions
 from xmem_engine.tracing.errors import META_LEAK_REASON, SPARSE_REASON, NeedsRealValues, is_meta_leak
 from xmem_engine.tracing.fake.fake_fastpaths import FAST_FAKE
+from xmem_engine.tracing.fake.sparse_entries import RULES as SPARSE_FAKE
 from xmem_engine.tracing.frames import as_torch_error, user_frame
 from xmem_engine.tracing.kernels.grad_accumulation import BackwardInPlace
 from xmem_engine.tracing.fake.guesses import BEFORE_FAKE
@@ -274,6 +275,8 @@ class AllocMode(TorchDispatchMode):
                     return self._run_on_host(func, args, kwargs, factory)
             try:
                 fast = FAST_FAKE.get(func)
+                if func in SPARSE_FAKE:  # sparse tensors made with their entries (a dense clone: the fast path)
+                    fast = _sparse_first(SPARSE_FAKE[func], fast, tr.guesses, func)
                 if fast is not None and _has_wrapper(args):
                     fast = None  # DTensors (FSDP2 + a foreach optimizer): their own dispatch, on the shards
                 if fast is None and func in BEFORE_FAKE:
@@ -492,6 +495,18 @@ def _as_torch_error(e: RuntimeError, args: tuple) -> BaseException:
                 bad = next(d for d in a if type(d) is int and d < 0)
                 return as_torch_error(RuntimeError(f"Trying to create tensor with negative dimension {bad}: {list(a)}"))
     return e
+
+
+def _sparse_first(rule: Any, fast: Any, guesses: Any, func: Any) -> Any:
+    """``rule`` (``fake/sparse_entries.py``), then ``fast`` where the rule does not apply."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        out = rule(guesses, func, args, kwargs)
+        if out is NotImplemented and fast is not None:
+            out = fast(*args, **kwargs)
+        return out
+
+    return run
 
 
 def _lost_entries(out: torch.Tensor, args: tuple) -> bool:

@@ -21,6 +21,7 @@ KINDS: dict[str, str] = {
     "autocast": "CUDA's autocast cast list (lower precision, fp32, promote), applied on the CPU",
     "fake fast path": "outputs stated directly in fake mode (FakeTensorMode's result, faster)",
     "size bound": "a size that depends on values, at its upper bound",
+    "sparse entries": "a sparse COO tensor made with its indices and values (fake tensors' meta kernels keep none)",
     "guessed value": "a value fake tensors do not have, guessed (a reduction of ones, no id matching)",
     "known value": "computed on the real values fake mode keeps for small tensors",
     "host output": "outputs that stay on the host although the op ran on the GPU",

@@ -275,7 +275,7 @@ class Shadows:
 
     def _forget(self, args: tuple, kwargs: dict) -> None:
         for t in tree_flatten((args, kwargs))[0]:
-            if isinstance(t, self._fake):
+            if isinstance(t, self._fake) and t.layout is _STRIDED:  # (sparse: never shadowed)
                 old = self.by_storage.pop(t.untyped_storage()._cdata, None)
                 if old is not None and self.on_forget is not None:
                     self.on_forget(t, old)

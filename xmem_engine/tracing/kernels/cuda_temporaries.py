@@ -128,6 +128,18 @@ def index_put_with_sort(args: tuple, kwargs: dict, device: Device) -> list[Step]
     return steps
 
 
+def coalesce_scratch(args: tuple, kwargs: dict, device: Device) -> list[Step] | None:
+    """``_coalesce_sparse_cuda`` (``sparse/cuda/SparseCUDATensor.cu``): ``origIndices`` and
+    ``uniqueOffsets``, int64, one per entry, freed when it returns (Thrust's sort buffers are
+    not re-created, as CUB's are not above)."""
+    x = args[0]
+    nnz = x._nnz() if x.layout is torch.sparse_coo else 0
+    if nnz < 2:
+        return None  # a clone
+    return [("alloc", "orig_indices", 8 * nnz), ("alloc", "unique_offsets", 8 * nnz),
+            ("free", "unique_offsets", 0), ("free", "orig_indices", 0)]
+
+
 def _dims(dim: Any, ndim: int) -> list[int]:
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return list(range(ndim))
@@ -179,6 +191,7 @@ RULES: dict[Any, Callable[[tuple, dict, Device], list[Step] | BySM | None]] = {
     _aten._index_put_impl_.default: index_put_with_sort,
     _aten.index_put_.default: index_put_with_sort,
     _aten.index_put.default: index_put_with_sort,
+    _aten._coalesce.default: coalesce_scratch,
     _aten.sum.dim_IntList: reduction("sum", 1),
     _aten.sum.default: reduction("sum", None),
     _aten.mean.dim: reduction("mean", 1),
