@@ -93,3 +93,53 @@ def test_gradients_freed_inside_the_backward_are_gradients():
     import torch
 
     assert torch.Tensor.register_post_accumulate_grad_hook.__qualname__ == "Tensor.register_post_accumulate_grad_hook"
+
+
+# A backward inside the forward: a force field's forces (the energy's gradient, taken inside the
+# model's forward), a gradient penalty or a PINN's derivatives (create_graph=True on a forward's
+# result). Before, the forward's phase ended there: what came after was the "other" phase, and
+# what it saved for the step's backward was not counted as activations.
+FORCES = """
+import torch
+class ForceField(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.energy = torch.nn.Sequential(torch.nn.Linear(3, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+        self.head = torch.nn.Linear(3, 512)
+    def forward(self, pos):
+        e = self.energy(pos).sum()
+        forces = -torch.autograd.grad(e, pos, create_graph=True)[0]
+        return e, torch.tanh(self.head(forces))
+model = ForceField().cuda()
+opt = torch.optim.Adam(model.parameters())
+for _ in range(2):
+    pos = torch.randn(4096, 3, device="cuda", requires_grad=True)
+    e, h = model(pos)
+    (e + h.square().mean()).backward()
+    opt.step(); opt.zero_grad()
+"""
+
+PENALTY = """
+import torch
+critic = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.LeakyReLU(0.2), torch.nn.Linear(512, 1)).cuda()
+opt = torch.optim.Adam(critic.parameters())
+for _ in range(2):
+    x = torch.randn(1024, 128, device="cuda", requires_grad=True)
+    out = critic(x)
+    g = torch.autograd.grad(out.sum(), x, create_graph=True)[0]
+    penalty = (g.norm(2, dim=1) - 1).square().mean() * torch.tanh(g).sum()
+    (out.mean() + penalty).backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("src", [FORCES, PENALTY], ids=["forces-in-forward", "gradient-penalty"])
+def test_a_backward_that_builds_a_graph_hands_the_forward_back_its_phase(src):
+    tr = trace(src, {}, mode="fake")
+    allocs = [e for e in tr.events if e.kind == "alloc" and e.iteration >= 0]
+    assert {e.iteration for e in allocs} == {0, 1}
+    assert not any(str(e.phase) == "other" and str(e.category) != "input" for e in allocs)
+    # the tanh after the inner gradient is saved for the step's backward: an activation of the forward
+    for it in (0, 1):
+        tanh = [e for e in allocs if e.iteration == it and e.op == "aten.tanh.default"]
+        assert str(tanh[-1].phase) == "forward" and str(tanh[-1].category) == "activation"

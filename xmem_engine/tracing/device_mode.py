@@ -284,7 +284,9 @@ class DeviceMode(TorchFunctionMode):
 
     # -- phases
     def _backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        with self.t.backward_phase():
+        at = 4 if func is torch.autograd.grad else 3  # (outputs, inputs, grad_outputs, retain_graph, create_graph)
+        create_graph = bool(kwargs.get("create_graph", args[at] if len(args) > at else False))
+        with self.t.backward_phase(create_graph):
             return func(*args, **kwargs)
 
     def on_stack(self) -> bool:
@@ -304,8 +306,10 @@ class DeviceMode(TorchFunctionMode):
         compiled whole, Dynamo calls it eagerly at a graph break)."""
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            # (outputs, grad_outputs, retain_graph, create_graph, inputs, ...), as torch calls it
+            create_graph = bool(args[3] if len(args) > 3 else kwargs.get("create_graph", False))
             try:
-                with self.t.backward_phase():
+                with self.t.backward_phase(create_graph):
                     if self.on_stack():
                         return run_backward(*args, **kwargs)
                     with self:

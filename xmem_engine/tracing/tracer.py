@@ -587,14 +587,23 @@ class Tracer:
             return t.detach()
 
     @contextlib.contextmanager
-    def backward_phase(self) -> Iterator[None]:
+    def backward_phase(self, create_graph: bool = False) -> Iterator[None]:
+        """A backward pass. One run inside a forward (from a module's forward: a compiler tracing
+        its joint graph; or building a graph from a forward's result: a gradient penalty, a
+        PINN's derivatives) hands the forward back its phase when it ends, and the step's own
+        backward is still to come."""
+        outer = self.phase
+        inside = not self._backward_depth and (
+            bool(self._module_stack) or (create_graph and outer == Phase.FORWARD))
         self._backward_depth += 1
         self.set_phase(Phase.BACKWARD)
         try:
             yield
         finally:
             self._backward_depth -= 1
-            if not self._backward_depth:
+            if not self._backward_depth and inside:
+                self.set_phase(outer)
+            elif not self._backward_depth:
                 self.classify_modules(list(self._roots))
                 for opt in list(self._optimizers):
                     self.classify_optimizer(opt)
