@@ -104,6 +104,36 @@ b = torch.softmax(padded, dim=-1)
     assert temps == [("alloc", 64 * 1000 * 4, "aten._log_softmax.default"), ("free", 64 * 1000 * 4, "aten._log_softmax.default")]
 
 
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_cufft_copies_a_complex_to_real_input_and_buffers_a_multi_dim_real_to_complex(mode):
+    """_fft_c2r_cufft clones its input ("must always clone", gh-34551) after making its output;
+    _fft_r2c_cufft off the one-plan path (dims starting (0, 1)) uses a second output-sized buffer.
+    A Fourier neural operator's irfft2 made no copy before."""
+    src = """
+import torch
+x = torch.randn(8, 16, 64, 64, device="cuda")
+spectrum = torch.fft.rfft2(x)             # dims (2, 3): one plan, no buffer
+image = torch.fft.irfft2(spectrum, s=(64, 64))
+leading = torch.fft.rfftn(x, dim=(0, 1))  # dims (0, 1): the R2C then the C2C, two buffers
+"""
+    tr = trace(src, {}, mode=mode)
+    temps = [(e.kind, e.bytes, e.op) for e in tr.events if e.category == "temporary"]
+    half = 8 * 16 * 64 * 33 * 8  # the one-sided spectrum, complex64
+    assert temps == [("alloc", half, "aten._fft_c2r.default"), ("free", half, "aten._fft_c2r.default"),
+                     ("alloc", 8 * 9 * 64 * 64 * 8, "aten._fft_r2c.default"),
+                     ("free", 8 * 9 * 64 * 64 * 8, "aten._fft_r2c.default")]
+
+
+def test_the_estimate_says_cuffts_plan_workspaces_are_not_included():
+    from xmem_engine.gpus.catalog import get_gpu
+    from xmem_engine.gpus.cuda_libraries import CUFFT_NOTE, adapt_trace
+
+    fft = trace("import torch\ny = torch.fft.irfft(torch.fft.rfft(torch.randn(4, 256, device='cuda')))", {}, mode="fake")
+    plain = trace("import torch\ny = torch.randn(4, 256, device='cuda') * 2", {}, mode="fake")
+    assert CUFFT_NOTE in adapt_trace(fft, get_gpu("T4"))[1]
+    assert CUFFT_NOTE not in adapt_trace(plain, get_gpu("T4"))[1]
+
+
 CONV_LAYOUT = """
 import torch
 conv = torch.nn.Conv2d(3, 8, 3, padding=1).cuda()

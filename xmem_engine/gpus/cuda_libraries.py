@@ -20,6 +20,7 @@ re-tracing:
   Backward GEMMs are plain ``mm`` and never take this path.
 * cuDNN convolution workspaces (``cudnn.py``): measured per architecture, asked for after each
   convolution the tracer recorded, dropped when the device cannot give them.
+* cuFFT's plan workspaces are not added (their size is cuFFT's): a note says so.
 * Library memory outside the allocator (:func:`library_bytes`): the kernels a step loads on
   first use (PyTorch's, cuBLAS's), cuDNN's once it runs, NCCL's once a process group exists,
   which nvidia-smi counts but the allocator never sees (``fixed_memory.py``).
@@ -46,6 +47,10 @@ GEMM_OPS = frozenset({
 # measurements (gpus/cudnn.py): convolution, convolution_backward, _convolution, cudnn_convolution(_transpose).
 CONV_OP_PREFIXES = ("aten.convolution", "aten._convolution", "aten.cudnn_convolution")
 CUDNN_NOTE = cudnn.NOT_INCLUDED
+FFT_OP_PREFIX = "aten._fft_"
+CUFFT_NOTE = ("not included: cuFFT's plan workspaces (cuFFT sizes one for each plan on the GPU itself, and "
+              "PyTorch allocates it around every transform through the caching allocator); the copies "
+              "cuFFT's transforms make of their inputs are included")
 WORKSPACE_OP = "cublas.workspace"
 LT_WORKSPACE_OP = "cublaslt.workspace"
 
@@ -197,6 +202,8 @@ def adapt_trace(trace: Trace, gpu: GPU, torch_version: str | None = None,
             events, found = cudnn.insert_workspaces(events, calls, table)
         notes.append(cudnn.describe(table, found, sum(len(k) for _, k in calls),
                                     bool(trace.meta.get("cudnn_benchmark"))))
+    if any(e.kind == ALLOC and e.op.startswith(FFT_OP_PREFIX) for e in events):
+        notes.append(CUFFT_NOTE)
     if env.get("CUBLAS_WORKSPACE_CONFIG"):
         notes.append(f"cuBLAS workspace {size} B from CUBLAS_WORKSPACE_CONFIG")
     mode = lt_workspace_mode(torch_version, env)

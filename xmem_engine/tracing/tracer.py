@@ -30,7 +30,6 @@ import bisect
 import contextlib
 import dataclasses
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -43,6 +42,7 @@ from xmem_engine.tracing.errors import StopTracing
 from xmem_engine.tracing.frames import as_torch_error, op_name, user_frame
 from xmem_engine.tracing.patches import labelling_grad_hooks, patched_attr
 from xmem_engine.tracing.scope import CallScope
+from xmem_engine.tracing.storages import STORAGE_RESIZE, LiveStorage, ResizedBytes
 from xmem_engine.tracing.symbolic import hint
 from xmem_engine.tracing.kernels.cuda_temporaries import device_of
 from xmem_engine.tracing.shims.distributed import World
@@ -60,29 +60,6 @@ _NO_SEQUENCE_NR = 2**63  # AccumulateGrad and other nodes outside the forward's 
 _RANK = {Category.OTHER: 0, Category.TEMPORARY: 1, Category.ACTIVATION: 2, Category.WORKSPACE: 3, Category.INPUT: 3,
          Category.COMMUNICATION: 4,  # a DDP bucket whose views are the gradients is a gradient
          Category.GRADIENT: 5, Category.OPTIMIZER_STATE: 5, Category.PARAMETER: 6, Category.BUFFER: 6}
-
-
-@dataclass(slots=True)
-class Live:
-    event: TraceEvent | None  # None for zero-byte storages (no device allocation)
-    block: Any
-    ref: weakref.ref
-    nbytes: int
-
-
-_STORAGE_RESIZE = "UntypedStorage.resize_"  # the op name of a storage's resize in the trace
-
-
-@dataclass(frozen=True)
-class _Bytes:
-    """What a resized storage's event records of it: bytes (it has no dtype or shape)."""
-
-    n: int
-    dtype: torch.dtype = torch.uint8
-
-    @property
-    def shape(self) -> tuple[int]:
-        return (self.n,)
 
 
 class Tracer:
@@ -109,7 +86,7 @@ class Tracer:
         self.guesses: Guesses | None = None
         self.allocator = allocator
         self.events: list[TraceEvent] = []
-        self.live: dict[int, Live] = {}
+        self.live: dict[int, LiveStorage] = {}
         self.phase = Phase.OTHER
         self.iteration = -1
         self.max_iterations = max_iterations
@@ -338,7 +315,7 @@ class Tracer:
                 self.live_bytes += hint(nbytes)
                 if self.live_bytes > self.peak_live_bytes:
                     self.peak_live_bytes = self.live_bytes
-            self.live[key] = Live(ev, block, weakref.ref(st, self._storage_died(key)), nbytes)
+            self.live[key] = LiveStorage(ev, block, weakref.ref(st, self._storage_died(key)), nbytes)
         finally:
             self._busy -= 1
             if self._pending_frees and not self._busy:
@@ -403,7 +380,7 @@ class Tracer:
         rec = self.live.get(key)
         nbytes = st.nbytes()
         if rec is not None and rec.nbytes != nbytes:
-            self.on_resized(_STORAGE_RESIZE, _Bytes(nbytes), st, key, nbytes)
+            self.on_resized(STORAGE_RESIZE, ResizedBytes(nbytes), st, key, nbytes)
 
     def record_stream(self, t: torch.Tensor, stream: VirtualStream) -> None:
         rec = self.live.get(t.untyped_storage()._cdata)
@@ -588,20 +565,18 @@ class Tracer:
 
     @contextlib.contextmanager
     def backward_phase(self, create_graph: bool = False) -> Iterator[None]:
-        """A backward pass. One run inside a forward (from a module's forward: a compiler tracing
-        its joint graph; or building a graph from a forward's result: a gradient penalty, a
-        PINN's derivatives) hands the forward back its phase when it ends, and the step's own
-        backward is still to come."""
+        """A backward pass. One inside a forward (called from a module's forward, as a compiler's
+        joint trace is, or building a graph on a forward's result: a gradient penalty, a PINN's
+        derivatives) gives the forward its phase back: the step's own backward is still to come."""
         outer = self.phase
-        inside = not self._backward_depth and (
-            bool(self._module_stack) or (create_graph and outer == Phase.FORWARD))
+        inside = not self._backward_depth and (bool(self._module_stack) or (create_graph and outer == Phase.FORWARD))
         self._backward_depth += 1
         self.set_phase(Phase.BACKWARD)
         try:
             yield
         finally:
             self._backward_depth -= 1
-            if not self._backward_depth and inside:
+            if inside:
                 self.set_phase(outer)
             elif not self._backward_depth:
                 self.classify_modules(list(self._roots))

@@ -23,6 +23,10 @@ show them on real GPUs):
   on the recorded runs), not given by PyTorch's source.
 * ``_softmax`` / ``_log_softmax`` of a non-contiguous input copy it contiguous for the kernel
   (:func:`contiguous_input`).
+* cuFFT's transforms (``cuda/SpectralOps.cpp``): a complex-to-real one copies its input (cuFFT
+  may overwrite it), a real-to-complex one over dims cuFFT's one-plan path does not take uses a
+  second output-sized buffer. cuFFT's own plan workspace (its size is cuFFT's, asked for when
+  the plan is made on the GPU) is not re-created: the estimate says so.
 * Reductions over dimensions (``sum``, ``mean``, ``amax``, ``max(dim)``, ``norm``, ``var``...)
   run ``gpu_reduce_kernel``, which allocates a staging buffer and its semaphores when it
   splits each output's inputs across thread blocks: sizes from the launch configuration,
@@ -33,6 +37,7 @@ show them on real GPUs):
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -184,6 +189,39 @@ def contiguous_input(args: tuple, kwargs: dict, device: Device) -> list[Step] | 
     return [("alloc", "input", x.numel() * x.element_size(), *like), ("free", "input", 0)]
 
 
+def _optimized_cufft_path(dim: Any) -> bool:
+    """``use_optimized_cufft_path`` (``cuda/SpectralOps.cpp``): one cuFFT plan for at most 3
+    dims, unless they start with (0, 1)."""
+    dim = list(dim)
+    return len(dim) <= 3 and not (len(dim) >= 2 and dim[0] == 0 and dim[1] == 1)
+
+
+def fft_c2r_input_copy(args: tuple, kwargs: dict, device: Device) -> list[Step] | None:
+    """``_fft_c2r_cufft`` (``irfft``, ``irfft2``, ``irfftn``): a complex-to-real transform may
+    overwrite its input, so the input is always copied contiguous ("must always clone",
+    gh-34551) after the output is made, and freed when it returns; where the optimised path is
+    not taken, the C2C transforms' result, of the same size, takes the copy's place."""
+    x = args[0]
+    like = (tuple(x.shape), str(x.dtype).removeprefix("torch."))
+    return [("alloc", "input", x.numel() * x.element_size(), *like), ("free", "input", 0)]
+
+
+def fft_r2c_second_buffer(args: tuple, kwargs: dict, device: Device) -> list[Step] | None:
+    """``_fft_r2c_cufft`` over several dims off the optimised path: the last dim's R2C and then
+    the C2C transforms go back and forth between the output and a second buffer of its size."""
+    names = ("self", "dim", "normalization", "onesided")
+    a = dict(zip(names, args), **kwargs)
+    dim = list(a["dim"])
+    if len(dim) < 2 or _optimized_cufft_path(dim):
+        return None
+    x = a["self"]
+    sizes = list(x.shape)
+    if a.get("onesided", True):
+        sizes[dim[-1]] = sizes[dim[-1]] // 2 + 1
+    nbytes = 2 * x.element_size() * math.prod(sizes)  # complex
+    return [("alloc", "buffer", nbytes), ("free", "buffer", 0)]
+
+
 _aten = torch.ops.aten
 RULES: dict[Any, Callable[[tuple, dict, Device], list[Step] | BySM | None]] = {
     _aten._log_softmax.default: contiguous_input,
@@ -192,6 +230,8 @@ RULES: dict[Any, Callable[[tuple, dict, Device], list[Step] | BySM | None]] = {
     _aten.index_put_.default: index_put_with_sort,
     _aten.index_put.default: index_put_with_sort,
     _aten._coalesce.default: coalesce_scratch,
+    _aten._fft_c2r.default: fft_c2r_input_copy,
+    _aten._fft_r2c.default: fft_r2c_second_buffer,
     _aten.sum.dim_IntList: reduction("sum", 1),
     _aten.sum.default: reduction("sum", None),
     _aten.mean.dim: reduction("mean", 1),
