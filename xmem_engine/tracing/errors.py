@@ -58,8 +58,11 @@ META_LEAK_REASON = ("torch's fake tensors put a tensor of this op on the meta de
 
 def is_meta_leak(e: BaseException) -> bool:
     """FakeTensorMode's device check failing on a meta tensor it made itself: the user's code
-    meets no meta tensor there (its own meta tensors are not fake, and fail another check)."""
-    return type(e).__name__ == "FakeTensorDeviceMismatchError" and "meta" in str(e)
+    meets no meta tensor there (its own meta tensors are not fake, and fail another check).
+    torch 2.10 says "Unhandled FakeTensor Device Propagation ... meta, cpu" instead."""
+    msg = str(e)
+    return "meta" in msg and (type(e).__name__ == "FakeTensorDeviceMismatchError"
+                              or "FakeTensor Device Propagation" in msg)
 
 
 class NeedsRealValues(BaseException):
