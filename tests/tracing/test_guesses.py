@@ -142,6 +142,24 @@ if (labels == 1).sum() == 2:
     assert ns["both"] is True and "guesses" not in tr.meta
 
 
+def test_a_known_mask_selects_exactly_from_unknown_values():
+    """TRL's fused loss scores hidden_states[labels != -100]: the labels come from the host, so
+    the selection's size is known although the hidden states are not (before: every element,
+    a guess)."""
+    src = """
+import torch
+labels = torch.full((4, 100), -100)
+labels[:, 60:] = 7
+labels = labels.cuda()
+h = torch.randn(4, 100, 512, device="cuda") @ torch.randn(512, 512, device="cuda")
+shape = tuple(h[labels != -100].shape)
+"""
+    ns: dict = {}
+    tr = trace(src, ns, mode="fake")
+    assert ns["shape"] == (160, 512) and "guesses" not in tr.meta
+    assert any(e.kind == "alloc" and e.bytes == 160 * 512 * 4 and e.op == "aten.index.Tensor" for e in tr.events)
+
+
 def test_a_guessed_number_notes_each_use_once_and_stays_a_number():
     from xmem_engine.tracing.fake.placeholders import FakeFloat, FakeInt, placeholder
 

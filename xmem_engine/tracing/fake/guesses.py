@@ -460,7 +460,7 @@ class Guesses:
         small inputs; NotImplemented when neither applies."""
         bound = BOUNDS.get(op_name(func))
         if bound is not None:
-            out, what = bound(args, kwargs)
+            out, what = _index(args, kwargs, self.shadows.real) if bound is _index else bound(args, kwargs)
             if out is not NotImplemented:
                 if what is not None:  # None: the sizes are exact, nothing was guessed
                     self.decide(f"{_short(func)}'s output", what, kind="size")
@@ -550,20 +550,27 @@ def _nonzero(args: tuple, kwargs: dict) -> tuple[Any, str]:
     return _empty((x.numel(), x.dim()), _LONG), f"{hint(x.numel()):,} rows (every element nonzero)"
 
 
-def _index(args: tuple, kwargs: dict) -> tuple[Any, str]:
+def _index(args: tuple, kwargs: dict, real: Callable[[Any], Any] | None = None) -> tuple[Any, str | None]:
+    """``x[mask]``: a mask whose values are known (``real`` gives them: labels != -100 of a batch
+    from the host) selects what it selects, exactly, whatever ``x`` holds; else every element."""
     x, indices = args[0], list(args[1])
     new: list[Any] = []
-    selected = 0
+    selected, guessed = 0, False
     for i in indices:
         if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
+            known = real(i) if real is not None else None
+            if known is not None:
+                with bare():
+                    selected = int(known.count_nonzero())
+            else:
+                selected, guessed = i.numel(), True
             # CUDA's index takes nonzero() of a mask: one (n, k) index tensor, its columns used
-            rows = _empty((i.numel(), i.dim()), _LONG)
+            rows = _empty((selected, i.dim()), _LONG)
             new.extend(torch.ops.aten.unbind.int(rows, 1))
-            selected = i.numel()
         else:
             new.append(i)
     out = torch.ops.aten.index.Tensor(x, new)
-    return out, f"{hint(selected):,} elements selected (every mask element true)"
+    return out, f"{hint(selected):,} elements selected (every mask element true)" if guessed else None
 
 
 def _masked_select(args: tuple, kwargs: dict) -> tuple[Any, str]:
