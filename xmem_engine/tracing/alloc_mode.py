@@ -274,16 +274,18 @@ class AllocMode(TorchDispatchMode):
                 if not factory or not tr.factory_on_gpu():
                     return self._run_on_host(func, args, kwargs, factory)
             try:
+                sparse = SPARSE_FAKE.get(func)  # sparse tensors made with their entries (a dense clone: NotImplemented)
+                out = sparse(tr.guesses, func, args, kwargs) if sparse is not None and not _has_wrapper(args) \
+                    else NotImplemented
                 fast = FAST_FAKE.get(func)
-                if func in SPARSE_FAKE:  # sparse tensors made with their entries (a dense clone: the fast path)
-                    fast = _sparse_first(SPARSE_FAKE[func], fast, tr.guesses, func)
                 if fast is not None and _has_wrapper(args):
                     fast = None  # DTensors (FSDP2 + a foreach optimizer): their own dispatch, on the shards
                 if fast is None and func in BEFORE_FAKE:
                     fast = lambda *a, **k: tr.guesses.data_dependent(func, a, k)  # noqa: E731
                 elif fast is None and func in CUDA_DTYPES and self._on_gpu(args, kwargs):
                     fast = CUDA_DTYPES[func]  # kernels/cuda_dtypes.py
-                out = fast(*args, **kwargs) if fast is not None else NotImplemented
+                if out is NotImplemented and fast is not None:
+                    out = fast(*args, **kwargs)
                 if out is NotImplemented:
                     try:
                         out = func(*args, **kwargs)
@@ -495,18 +497,6 @@ def _as_torch_error(e: RuntimeError, args: tuple) -> BaseException:
                 bad = next(d for d in a if type(d) is int and d < 0)
                 return as_torch_error(RuntimeError(f"Trying to create tensor with negative dimension {bad}: {list(a)}"))
     return e
-
-
-def _sparse_first(rule: Any, fast: Any, guesses: Any, func: Any) -> Any:
-    """``rule`` (``fake/sparse_entries.py``), then ``fast`` where the rule does not apply."""
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        out = rule(guesses, func, args, kwargs)
-        if out is NotImplemented and fast is not None:
-            out = fast(*args, **kwargs)
-        return out
-
-    return run
 
 
 def _lost_entries(out: torch.Tensor, args: tuple) -> bool:
