@@ -127,11 +127,15 @@ leading = torch.fft.rfftn(x, dim=(0, 1))  # dims (0, 1): the R2C then the C2C, t
 def test_the_estimate_says_cuffts_plan_workspaces_are_not_included():
     from xmem_engine.gpus.catalog import get_gpu
     from xmem_engine.gpus.cuda_libraries import CUFFT_NOTE, adapt_trace
+    from xmem_engine.trace import Trace
 
     fft = trace("import torch\ny = torch.fft.irfft(torch.fft.rfft(torch.randn(4, 256, device='cuda')))", {}, mode="fake")
     plain = trace("import torch\ny = torch.randn(4, 256, device='cuda') * 2", {}, mode="fake")
     assert CUFFT_NOTE in adapt_trace(fft, get_gpu("T4"))[1]
     assert CUFFT_NOTE not in adapt_trace(plain, get_gpu("T4"))[1]
+    assert fft.meta["ffts"] and not plain.meta["ffts"]  # found once, when traced
+    from_file = Trace(fft.events, fft.mode, fft.seconds, {})  # a trace file has no such meta: its events say
+    assert CUFFT_NOTE in adapt_trace(from_file, get_gpu("T4"))[1]
 
 
 CONV_LAYOUT = """

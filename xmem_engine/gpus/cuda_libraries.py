@@ -169,6 +169,11 @@ def runs_convolutions(events: Iterable[TraceEvent]) -> bool:
     return any(e.op.startswith(CONV_OP_PREFIXES) for e in events if e.kind == ALLOC)
 
 
+def runs_ffts(events: Iterable[TraceEvent]) -> bool:
+    """Whether a step allocates for a Fourier transform: on a GPU, cuFFT's."""
+    return any(e.op.startswith(FFT_OP_PREFIX) for e in events if e.kind == ALLOC)
+
+
 def takes_lt_path(e: TraceEvent, environ: dict | None = None) -> bool:
     """Whether the GEMM whose output ``e`` allocates runs on cuBLASLt (see :data:`LT_OPS`)."""
     if e.kind != ALLOC:
@@ -202,7 +207,8 @@ def adapt_trace(trace: Trace, gpu: GPU, torch_version: str | None = None,
             events, found = cudnn.insert_workspaces(events, calls, table)
         notes.append(cudnn.describe(table, found, sum(len(k) for _, k in calls),
                                     bool(trace.meta.get("cudnn_benchmark"))))
-    if any(e.kind == ALLOC and e.op.startswith(FFT_OP_PREFIX) for e in events):
+    ffts = trace.meta.get("ffts")  # recorded by the tracer; a trace file lacks it
+    if ffts if ffts is not None else runs_ffts(trace.events):
         notes.append(CUFFT_NOTE)
     if env.get("CUBLAS_WORKSPACE_CONFIG"):
         notes.append(f"cuBLAS workspace {size} B from CUBLAS_WORKSPACE_CONFIG")

@@ -26,7 +26,7 @@ import torch
 import torch.utils.data
 from torch.nn.parameter import UninitializedTensorMixin
 
-from xmem_engine.gpus.cuda_libraries import runs_convolutions, target_version
+from xmem_engine.gpus.cuda_libraries import runs_convolutions, runs_ffts, target_version
 from xmem_engine.trace import MODES, Mode, Trace
 from xmem_engine.tracing.alloc_mode import AllocMode
 from xmem_engine.tracing.device_mode import DeviceMode, fake_device_property
@@ -351,7 +351,7 @@ def _trace_once(code: Any, namespace: dict | None, mode: str, allocator: Any, de
     props = tracer.vc.props
     meta = {"device": props.name, "compute_capability": [props.major, props.minor],
             "iterations": tracer.iteration + 1, "stopped": tracer.stopped,
-            "convolutions": runs_convolutions(events)}  # read on every GPU switch: found once
+            "convolutions": runs_convolutions(events), "ffts": runs_ffts(events)}  # read on every GPU switch: found once
     if world is not None:
         meta["world"] = world.as_json()
     if tracer.real_ops:
